@@ -1,0 +1,134 @@
+"""ascend_patch: training code written for NVIDIA GPUs runs unchanged on Ascend NPUs (or the host).
+
+``import ascend_patch`` applies the patch set with settings from the ``ASCEND_PATCH_*``
+environment variables. It does not import torch itself: when torch is not imported
+yet, the patches are applied the moment it is. Everything is reversible::
+
+    import ascend_patch
+    ascend_patch.remove()              # originals back, by identity
+    with ascend_patch.patched(): ...   # scoped activation
+    print(ascend_patch.report())       # what was applied, deferred, skipped; what was used
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from .config import ConfigError, Settings, read_settings
+
+if TYPE_CHECKING:
+    from .adaptors.report import Report
+    from .backend import Backend
+
+__all__ = [
+    "ConfigError",
+    "Settings",
+    "__version__",
+    "active_backend",
+    "apply",
+    "is_cuda_like",
+    "patched",
+    "remove",
+    "report",
+]
+
+__version__ = "0.1.0"
+
+
+def apply(settings: Settings | None = None, backend: Backend | None = None) -> Report:
+    """Apply the patch set (settings default to the environment). A second call changes nothing."""
+    global _auto_pending
+    _auto_pending = False
+    from .adaptors.manager import manager
+    from .adaptors.report import build_report, print_at_exit
+
+    manager.apply(settings, backend)
+    if manager.active and manager.settings is not None and manager.settings.report_enabled:
+        print_at_exit(manager, every_rank=manager.settings.report == "all")
+    return build_report(manager)
+
+
+def remove() -> None:
+    """Undo every patch: each original is restored by identity, shim modules are removed."""
+    global _auto_pending
+    _auto_pending = False
+    if "ascend_patch.adaptors.manager" in sys.modules:
+        from .adaptors.manager import manager
+
+        manager.remove()
+
+
+@contextlib.contextmanager
+def patched(settings: Settings | None = None, backend: Backend | None = None) -> Iterator[Report]:
+    """Patches active inside the block only (unless they were active before it)."""
+    from .adaptors.manager import manager
+
+    was_active = manager.active
+    result = apply(settings, backend)
+    try:
+        yield result
+    finally:
+        if not was_active:
+            remove()
+
+
+def report() -> Report:
+    """What was applied, deferred, skipped or failed, and (when recording) which CUDA APIs ran."""
+    from .adaptors.manager import manager
+    from .adaptors.report import build_report
+
+    return build_report(manager)
+
+
+def active_backend() -> Backend | None:
+    """The target the process is patched for, or None when nothing is applied."""
+    if "ascend_patch.adaptors.manager" not in sys.modules:
+        return None
+    from .adaptors.manager import manager
+
+    return manager.backend if manager.active else None
+
+
+def is_cuda_like(obj: Any) -> bool:
+    """True for a CUDA device, or the target's device, or a tensor on either.
+
+    Use it where code compares ``device.type == "cuda"``, which stays False for
+    target devices (``torch.device`` itself is not patched).
+    """
+    device = getattr(obj, "device", obj)
+    kind = device if isinstance(device, str) else getattr(device, "type", None)
+    if isinstance(kind, str):
+        kind = kind.split(":")[0]
+    backend = active_backend()
+    return kind == "cuda" or (backend is not None and kind == backend.device_type)
+
+
+# -- apply on import ------------------------------------------------------------------
+
+_auto_pending = False
+
+
+def _apply_when_torch_imported(_module: Any) -> None:
+    if _auto_pending:
+        apply(_auto_settings)
+
+
+def cancel_auto_apply() -> None:
+    """Undo the apply-on-import (the CLI's non-run commands use this before their work)."""
+    global _auto_pending
+    _auto_pending = False
+    remove()
+
+
+_auto_settings = read_settings()
+if _auto_settings.enabled:
+    _auto_pending = True
+    if "torch" in sys.modules:
+        apply(_auto_settings)
+    else:
+        import wrapt
+
+        wrapt.register_post_import_hook(_apply_when_torch_imported, "torch")

@@ -1,0 +1,67 @@
+"""Data loading and single-process data parallelism on the target.
+
+* ``DataLoader(pin_memory=True, pin_memory_device="cuda")``: on npu the loader pins
+  for the NPU (the device string is dropped: torch now derives it from the
+  accelerator); on cpu there is no device memory to pin for, so pinning is switched
+  off instead of warning on every loader.
+* ``nn.DataParallel``: torch's own device-type probe answers the target, so on cpu
+  DataParallel runs the module directly, as torch does on a machine without GPUs.
+* ``torch.set_default_device("cuda")`` sets the target.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from ..backend import Backend
+from ..patch import Action, Patch, PatchKind
+from ..devices import DeviceMap
+from ..usage import note
+
+__all__ = ["data_patches"]
+
+
+def _dataloader_init(original: Any, on_cpu: bool) -> Any:
+    signature = inspect.signature(original)
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        bound = signature.bind(self, *args, **kwargs)
+        arguments = bound.arguments
+        if arguments.get("pin_memory"):
+            note("DataLoader(pin_memory=True)", Action.NOOP.value if on_cpu else Action.TRANSLATED.value)
+            if on_cpu:
+                arguments["pin_memory"] = False
+        device = arguments.get("pin_memory_device")
+        if isinstance(device, str) and (device == "cuda" or device.startswith("cuda:")):
+            arguments["pin_memory_device"] = ""
+        original(*bound.args, **bound.kwargs)
+
+    __init__.__wrapped__ = original  # type: ignore[attr-defined]
+    return __init__
+
+
+def data_patches(target: Backend, dmap: DeviceMap) -> list[Patch]:
+    on_cpu = target.name == "cpu"
+    device_type = None if on_cpu else target.device_type
+
+    def available_device_type() -> str | None:
+        return device_type
+
+    def set_default_device(original: Any) -> Any:
+        def set_default(device: Any) -> None:
+            original(dmap(device))
+
+        set_default.__wrapped__ = original  # type: ignore[attr-defined]
+        return set_default
+
+    return [
+        Patch("torch.utils.data.dataloader:DataLoader.__init__", PatchKind.REPLACE,
+              "pin memory for the target (nothing to pin for on the host)",
+              make=lambda orig: _dataloader_init(orig, on_cpu), count_calls=False),
+        Patch("torch._utils:_get_available_device_type", PatchKind.REPLACE,
+              "torch's accelerator probe (DataParallel) answers the target", replacement=available_device_type,
+              action=Action.EMULATED, count_calls=False),
+        Patch("torch:set_default_device", PatchKind.REPLACE, "the default device becomes the target",
+              make=set_default_device, api="torch.set_default_device"),
+    ]

@@ -1,0 +1,27 @@
+"""The built-in device plugin: every patch that moves CUDA code onto the target."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..hookspec import hookimpl
+
+__all__ = ["ascend_patch_register_patches"]
+
+
+@hookimpl
+def ascend_patch_register_patches(registry: Any, backend: Any) -> None:
+    from . import amp, cuda_namespace, data, environment, factories, generator, loading, processes, tensors
+    from ..devices import DeviceMap
+
+    settings = registry.settings
+    dmap = DeviceMap(backend)
+    registry.extend(environment.environment_patches())
+    registry.extend(cuda_namespace.cuda_namespace_patches(backend, settings))
+    registry.extend(factories.factory_patches(dmap))
+    registry.extend(tensors.tensor_patches(backend, dmap))
+    registry.extend(loading.load_patches(dmap))
+    registry.extend(generator.generator_patches(dmap))
+    registry.extend(amp.amp_patches(backend, dmap))
+    registry.extend(data.data_patches(backend, dmap))
+    registry.extend(processes.process_patches(settings))

@@ -1,0 +1,138 @@
+"""Every torch function that takes ``device=``, found from torch itself, wrapped to translate it.
+
+The list is derived at apply time, so a new torch release is covered without edits:
+each public ``torch.<name>`` whose ATen schema has a ``device`` argument, the
+``torch.fft`` ones, every ``Tensor.new_*`` method, and whatever torch's own
+device-constructor table (the one ``with torch.device(...)`` uses) names.
+
+Wrappers are plain closures with one dict lookup when ``device=`` is given and none
+otherwise; functions without a device argument are never touched.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..patch import Action, Patch, PatchKind
+from .. import usage
+from ..devices import NOT_A_DEVICE, DeviceMap
+
+__all__ = ["derive_device_functions", "factory_patches", "device_kwarg_wrapper"]
+
+# Handled by dedicated adaptors (tensors.py) because their device argument is positional
+# or their semantics need more than a translation.
+_SPECIAL = {"to", "pin_memory", "is_pinned"}
+
+
+def _has_device_arg(op: str) -> bool:
+    try:
+        schemas = torch._C._jit_get_schemas_for_operator(op)
+    except RuntimeError:
+        return False
+    return any(arg.name == "device" for schema in schemas for arg in schema.arguments)
+
+
+def _public_name(fn: Any) -> tuple[str, str] | None:
+    name = getattr(fn, "__name__", None)
+    if not name:
+        return None
+    for module_name in ("torch", getattr(fn, "__module__", None) or ""):
+        module = __import__("sys").modules.get(module_name)
+        if module is not None and getattr(module, name, None) is fn:
+            return module_name, name
+    return None
+
+
+def derive_device_functions() -> list[tuple[str, str]]:
+    """(module, attribute) of every public torch callable that takes a ``device`` argument."""
+    found: set[tuple[str, str]] = set()
+    vf = torch._C._VariableFunctions
+    for name in dir(vf):
+        if name.startswith("_") or name in _SPECIAL or not hasattr(torch, name):
+            continue
+        if _has_device_arg(f"aten::{name}"):
+            found.add(("torch", name))
+    for name in dir(torch._C._fft):
+        if name.startswith("fft_") and _has_device_arg(f"aten::{name}") and hasattr(torch.fft, name[4:]):
+            found.add(("torch.fft", name[4:]))
+    for name in dir(torch.Tensor):
+        if name.startswith("new_"):
+            found.add(("torch", f"Tensor.{name}"))
+    import torch.utils._device as torch_device
+
+    for fn in torch_device._device_constructors():
+        public = _public_name(fn)
+        if public is not None:
+            found.add(public)
+    return sorted(found)
+
+
+def device_kwarg_wrapper(original: Callable[..., Any], dmap: DeviceMap, api: str) -> Callable[..., Any]:
+    """``original`` with its ``device=`` keyword translated (recording uses when reporting)."""
+    lookup = dmap.lookup
+    recorder = usage.active_recorder()
+    if recorder is None:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if "device" in kwargs:
+                mapped = lookup(kwargs["device"])
+                if mapped is not NOT_A_DEVICE:
+                    kwargs["device"] = mapped
+            return original(*args, **kwargs)
+    else:
+        shown = f"{api}(device=cuda)"
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if "device" in kwargs:
+                mapped = lookup(kwargs["device"])
+                if mapped is not NOT_A_DEVICE:
+                    kwargs["device"] = mapped
+                    recorder.hit(shown, Action.TRANSLATED.value)
+            return original(*args, **kwargs)
+
+    functools.update_wrapper(wrapper, original, assigned=("__name__", "__qualname__", "__doc__"), updated=())
+    wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _register_jit_builtin(original: Any, wrapper: Any) -> None:
+    """Let TorchScript keep treating the wrapped name as the ATen builtin it was."""
+    try:
+        from torch.jit import _builtins
+
+        table = _builtins._get_builtin_table()
+        op = table.get(id(original))
+        if op is not None:
+            _builtins._register_builtin(wrapper, op)
+    except Exception:
+        pass
+
+
+def factory_patches(dmap: DeviceMap) -> list[Patch]:
+    """One REPLACE patch per device-taking torch function."""
+    import torch.utils._device as torch_device
+
+    # torch caches its set of device constructors on first use; filled after wrapping it
+    # would hold our wrappers, and `with torch.device("meta")` would stop recognising the
+    # originals it is handed, silently building meta models in real memory.
+    torch_device._device_constructors()
+
+    def make(api: str) -> Callable[[Any], Any]:
+        def build(original: Any) -> Any:
+            wrapper = device_kwarg_wrapper(original, dmap, api)
+            _register_jit_builtin(original, wrapper)
+            return wrapper
+
+        return build
+
+    patches = []
+    for module, attr in derive_device_functions():
+        api = f"{module}.{attr}"
+        patches.append(Patch(
+            target=f"{module}:{attr}", kind=PatchKind.REPLACE, make=make(api),
+            reason="translate device='cuda'/'cuda:N'/torch.device('cuda') onto the target",
+            api=api, count_calls=False))
+    return patches

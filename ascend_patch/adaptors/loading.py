@@ -1,0 +1,61 @@
+"""``torch.load(map_location=...)``: checkpoints saved on ``cuda:N`` load on the target.
+
+Every form torch accepts is handled: None (locations as saved), a str / torch.device /
+int, a dict (listed locations remapped, unlisted CUDA ones onto the target too),
+and a callable (whose ``None`` answer falls back to the target, as torch falls back
+to the saved location). The path argument is never touched.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..patch import Patch, PatchKind
+from ..devices import NOT_A_DEVICE, DeviceMap
+
+__all__ = ["load_patches", "translate_map_location"]
+
+
+def translate_map_location(map_location: Any, dmap: DeviceMap) -> Any:
+    """A map_location that sends CUDA storage locations onto the target."""
+    from torch.serialization import default_restore_location
+
+    if map_location is None:
+        def restore(storage: Any, location: str) -> Any:
+            return default_restore_location(storage, dmap.location(location))
+
+        return restore
+    if isinstance(map_location, dict):
+        table = dict(map_location)
+
+        def restore_dict(storage: Any, location: str) -> Any:
+            return default_restore_location(storage, dmap.location(str(dmap(table.get(location, location)))))
+
+        return restore_dict
+    if callable(map_location):
+        user = map_location
+
+        def restore_callable(storage: Any, location: str) -> Any:
+            result = user(storage, location)
+            if result is None:
+                return default_restore_location(storage, dmap.location(location))
+            return result
+
+        return restore_callable
+    mapped = dmap.lookup(map_location)
+    return map_location if mapped is NOT_A_DEVICE else mapped
+
+
+def _load_wrapper(original: Any, dmap: DeviceMap) -> Any:
+    def load(f: Any, map_location: Any = None, *args: Any, **kwargs: Any) -> Any:
+        return original(f, translate_map_location(map_location, dmap), *args, **kwargs)
+
+    load.__wrapped__ = original  # type: ignore[attr-defined]
+    load.__doc__ = original.__doc__
+    return load
+
+
+def load_patches(dmap: DeviceMap) -> list[Patch]:
+    return [Patch("torch.serialization:load", PatchKind.REPLACE,
+                  "storages saved on cuda:N are restored onto the target",
+                  make=lambda orig: _load_wrapper(orig, dmap), api="torch.load")]

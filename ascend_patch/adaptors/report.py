@@ -1,0 +1,122 @@
+"""The migration report: the patch table and the CUDA APIs the program used.
+
+``ascend_patch.report()`` returns a :class:`Report`; ``str(report)`` is the table.
+With ``ASCEND_PATCH_REPORT=1`` (or ``--report``) it is printed at exit (rank 0 only;
+``all`` prints it on every rank).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TextIO
+
+from ..usage import ApiUse
+from .manager import PatchManager, PatchStatus
+
+__all__ = ["Report", "build_report", "print_at_exit"]
+
+
+def _table(headers: list[str], rows: list[list[str]], limits: dict[int, int] | None = None) -> str:
+    limits = limits or {}
+    clipped = [[(c if len(c) <= limits.get(i, 10**6) else c[: limits[i] - 1] + "…") for i, c in enumerate(r)]
+               for r in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in clipped]) for i, h in enumerate(headers)]
+    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths))
+    rule = "  ".join("-" * w for w in widths)
+    body = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in clipped]
+    return "\n".join([line.rstrip(), rule, *body])
+
+
+@dataclass
+class Report:
+    """A snapshot of the patch manager's state and the recorded API uses."""
+
+    target: str | None
+    reason: str
+    active: bool
+    statuses: list[PatchStatus] = field(default_factory=list)
+    uses: list[ApiUse] = field(default_factory=list)
+    reporting: bool = False
+    plugin_failures: list[str] = field(default_factory=list)
+
+    def counts(self) -> dict[str, int]:
+        return dict(Counter(s.state for s in self.statuses))
+
+    def rows(self, state: str | None = None) -> list[PatchStatus]:
+        return [s for s in self.statuses if state is None or s.state == state]
+
+    def patch_table(self, include_applied: bool = True) -> str:
+        rows = []
+        for s in self.statuses:
+            if s.state == "applied" and not include_applied:
+                continue
+            detail = s.detail
+            if s.rebound:
+                more = f" (+{len(s.rebound) - 3} more)" if len(s.rebound) > 3 else ""
+                detail = (detail + "; " if detail else "") + "re-bound in " + ", ".join(s.rebound[:3]) + more
+            rows.append([s.patch.shown_as, s.state, s.patch.action.value, s.patch.owner, detail or s.patch.reason])
+        return _table(["patch", "state", "action", "plugin", "detail"], rows, {0: 60, 4: 90})
+
+    def usage_table(self) -> str:
+        if not self.reporting:
+            return "CUDA API use was not recorded (set ASCEND_PATCH_REPORT=1 or pass --report)."
+        if not self.uses:
+            return "The program called no CUDA API."
+        rows = [[u.api, str(u.calls), u.action, u.first_site] for u in self.uses]
+        return _table(["CUDA API", "calls", "done", "first call site"], rows, {0: 60})
+
+    def summary(self) -> str:
+        if self.target is None:
+            return f"ascend_patch: not active ({self.reason})"
+        counts = ", ".join(f"{n} {state}" for state, n in sorted(self.counts().items()))
+        return f"ascend_patch: target {self.target} ({self.reason}); patches: {counts}"
+
+    def __str__(self) -> str:
+        parts = [self.summary(), "", self.patch_table()]
+        if self.plugin_failures:
+            parts += ["", "Plugin failures:", *("  " + f for f in self.plugin_failures)]
+        if self.reporting:
+            parts += ["", self.usage_table()]
+        return "\n".join(parts)
+
+
+def build_report(manager: PatchManager) -> Report:
+    selection = manager.selection
+    recorder = manager.recorder
+    target = manager.backend.name if manager.backend is not None else None
+    return Report(
+        target=target,
+        reason=selection.reason if selection is not None else "apply() was not called",
+        active=manager.active,
+        statuses=list(manager.statuses),
+        uses=recorder.uses() if recorder is not None else [],
+        reporting=recorder is not None,
+        plugin_failures=list(manager.plugin_failures),
+    )
+
+
+_registered = False
+
+
+def print_at_exit(manager: PatchManager, every_rank: bool, stream: TextIO | None = None) -> None:
+    """Print the CUDA API table (and a one-line patch summary) when the process exits."""
+    global _registered
+    if _registered:
+        return
+    _registered = True
+
+    def emit() -> None:
+        rank = os.environ.get("RANK", "0")
+        if not every_rank and rank != "0":
+            return
+        report = build_report(manager)
+        out = stream or sys.stderr
+        sys.stdout.flush()
+        header = f"=== ascend_patch migration report (rank {rank}, pid {os.getpid()}) ==="
+        print("\n".join([header, report.summary(), "", report.usage_table(), ""]), file=out, flush=True)
+
+    atexit.register(emit)

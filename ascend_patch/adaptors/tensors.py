@@ -1,0 +1,212 @@
+"""Tensor, Module and storage methods that move data or name CUDA types.
+
+Semantics kept from CUDA, not just names:
+
+* a transfer to or from the device is a **copy** on the cpu target too
+  (``.cuda()``, ``.to("cuda")``, ``.cpu()``, ``.to("cpu")``), never an alias of the host
+  tensor: code that refills a staging buffer or snapshots weights depends on it;
+* ``Tensor.is_cuda`` is True for target tensors, and ``Tensor.type()`` reports and
+  accepts the ``torch.cuda.*Tensor`` names Megatron-style code compares against;
+* ``pin_memory()`` returns a (pinned-marked) copy and ``is_pinned()`` answers for it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..backend import Backend
+from ..patch import Action, Patch, PatchKind
+from .. import usage
+from ..devices import NOT_A_DEVICE, DeviceMap
+
+__all__ = ["tensor_patches"]
+
+_PINNED = "_ascend_patch_pinned"
+
+
+def _hit(recorder: usage.UsageRecorder | None, api: str, action: str = "translated") -> None:
+    if recorder is not None:
+        recorder.hit(api, action)
+
+
+def _is_host(device: Any) -> bool:
+    kind = type(device)
+    return (kind is str and device == "cpu") or (kind is torch.device and device.type == "cpu")
+
+
+def _to_wrapper(original: Any, dmap: DeviceMap, copy_host: bool, api: str) -> Any:
+    """Tensor.to: translate a device given positionally or by keyword; transfers copy."""
+    lookup = dmap.lookup
+    recorder = usage.active_recorder()
+
+    def to(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        moved = False
+        if args:
+            mapped = lookup(args[0])
+            if mapped is not NOT_A_DEVICE:
+                args = (mapped, *args[1:])
+                moved = True
+                _hit(recorder, api)
+            elif copy_host and _is_host(args[0]):
+                moved = True
+        if "device" in kwargs:
+            device = kwargs["device"]
+            mapped = lookup(device)
+            if mapped is not NOT_A_DEVICE:
+                kwargs["device"] = mapped
+                moved = True
+                _hit(recorder, api)
+            elif copy_host and _is_host(device):
+                moved = True
+        out = original(self, *args, **kwargs)
+        if moved and out is self:
+            out = self.clone()
+        return out
+
+    to.__wrapped__ = original  # type: ignore[attr-defined]
+    return to
+
+
+def _cuda_wrapper(target: Backend, dmap: DeviceMap, api: str, module: bool) -> Any:
+    recorder = usage.active_recorder()
+
+    def device_for(device: Any) -> Any:
+        if device is None:
+            return target.device(target.device_module.current_device() if target.keeps_index else None)
+        return dmap(device)
+
+    if module:
+        def cuda(self: torch.nn.Module, device: Any = None) -> torch.nn.Module:
+            _hit(recorder, api)
+            return self.to(device_for(device))
+    else:
+        def cuda(self: torch.Tensor, device: Any = None, non_blocking: bool = False,
+                 memory_format: torch.memory_format = torch.preserve_format) -> torch.Tensor:
+            _hit(recorder, api)
+            return torch.Tensor.to(self, device_for(device), non_blocking=non_blocking,
+                                   memory_format=memory_format, copy=True)
+    return cuda
+
+
+def _cpu_copy(original: Any) -> Any:
+    def cpu(self: torch.Tensor, memory_format: torch.memory_format = torch.preserve_format) -> torch.Tensor:
+        out = original(self, memory_format=memory_format)
+        return out.clone() if out is self else out
+
+    cpu.__wrapped__ = original  # type: ignore[attr-defined]
+    return cpu
+
+
+def _module_to(original: Any, dmap: DeviceMap) -> Any:
+    lookup = dmap.lookup
+
+    def to(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        if args:
+            mapped = lookup(args[0])
+            if mapped is not NOT_A_DEVICE:
+                args = (mapped, *args[1:])
+        if "device" in kwargs:
+            mapped = lookup(kwargs["device"])
+            if mapped is not NOT_A_DEVICE:
+                kwargs["device"] = mapped
+        return original(self, *args, **kwargs)
+
+    to.__wrapped__ = original  # type: ignore[attr-defined]
+    return to
+
+
+def _type_wrapper(original: Any, target: Backend) -> Any:
+    """Tensor.type(): target tensors report torch.cuda.* names and accept them."""
+    dev = target.device_type
+    prefix = "torch." if dev == "cpu" else f"torch.{dev}."
+    recorder = usage.active_recorder()
+
+    def type_(self: torch.Tensor, dtype: Any = None, non_blocking: bool = False, **kwargs: Any) -> Any:
+        if dtype is None:
+            name = original(self)
+            if self.device.type == dev:
+                _hit(recorder, "torch.Tensor.type() -> torch.cuda.*")
+                return "torch.cuda." + name[len(prefix):]
+            return name
+        if isinstance(dtype, type) and dtype.__module__ == "torch.cuda":
+            dtype = f"torch.cuda.{dtype.__name__}"  # the legacy torch.cuda.FloatTensor classes
+        if isinstance(dtype, str) and dtype.startswith("torch.cuda."):
+            _hit(recorder, "torch.Tensor.type('torch.cuda.*')")
+            dtype = prefix + dtype[len("torch.cuda."):]
+        return original(self, dtype, non_blocking, **kwargs)
+
+    type_.__wrapped__ = original  # type: ignore[attr-defined]
+    return type_
+
+
+def _pin_memory(original: Any) -> Any:
+    def pin_memory(self: torch.Tensor, device: Any = None) -> torch.Tensor:
+        out = self.clone()
+        setattr(out, _PINNED, True)
+        return out
+
+    return pin_memory
+
+
+def _is_pinned(original: Any) -> Any:
+    def is_pinned(self: torch.Tensor, device: Any = None) -> bool:
+        return bool(getattr(self, _PINNED, False))
+
+    return is_pinned
+
+
+def _storage_to(original: Any, dmap: DeviceMap) -> Any:
+    lookup = dmap.lookup
+
+    def to(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if "device" in kwargs:
+            mapped = lookup(kwargs["device"])
+            if mapped is not NOT_A_DEVICE:
+                kwargs["device"] = mapped
+        return original(self, *args, **kwargs)
+
+    to.__wrapped__ = original  # type: ignore[attr-defined]
+    return to
+
+
+def tensor_patches(target: Backend, dmap: DeviceMap) -> list[Patch]:
+    """The Tensor / Module / storage method patches for ``target``."""
+    on_cpu = target.name == "cpu"
+    r = "transfers onto the target, and copies as CUDA transfers do"
+    patches = [
+        Patch("torch:Tensor.to", PatchKind.REPLACE, r,
+              make=lambda orig: _to_wrapper(orig, dmap, on_cpu, "torch.Tensor.to(cuda)"), count_calls=False),
+        Patch("torch:Tensor.cuda", PatchKind.REPLACE, r,
+              replacement=_cuda_wrapper(target, dmap, "torch.Tensor.cuda", module=False), count_calls=False),
+        Patch("torch.nn:Module.to", PatchKind.REPLACE, "module moves onto the target",
+              make=lambda orig: _module_to(orig, dmap), count_calls=False),
+        Patch("torch.nn:Module.to_empty", PatchKind.REPLACE, "module materialisation onto the target",
+              make=lambda orig: _module_to(orig, dmap), count_calls=False),
+        Patch("torch.nn:Module.cuda", PatchKind.REPLACE, "module moves onto the target",
+              replacement=_cuda_wrapper(target, dmap, "torch.nn.Module.cuda", module=True), count_calls=False),
+        Patch("torch:Tensor.type", PatchKind.REPLACE, "CUDA tensor type names for target tensors",
+              make=lambda orig: _type_wrapper(orig, target), count_calls=False),
+        Patch("torch:Tensor.is_cuda", PatchKind.REPLACE, "target tensors are CUDA tensors to the program",
+              replacement=property(getattr(torch._C.TensorBase, "is_cpu" if on_cpu else f"is_{target.device_type}").__get__),
+              api="torch.Tensor.is_cuda"),
+        Patch("torch.storage:_StorageBase.to", PatchKind.REPLACE, "storage moves onto the target",
+              make=lambda orig: _storage_to(orig, dmap), count_calls=False),
+        Patch("torch.storage:TypedStorage.to", PatchKind.REPLACE, "storage moves onto the target",
+              make=lambda orig: _storage_to(orig, dmap), count_calls=False),
+    ]
+    if on_cpu:
+        patches += [
+            Patch("torch:Tensor.cpu", PatchKind.REPLACE, "a device-to-host transfer is a copy",
+                  make=_cpu_copy, count_calls=False, backends=frozenset({"cpu"})),
+            Patch("torch:Tensor.pin_memory", PatchKind.REPLACE,
+                  "the host has no pinned memory: a copy marked as pinned", make=_pin_memory,
+                  action=Action.EMULATED, backends=frozenset({"cpu"})),
+            Patch("torch:Tensor.is_pinned", PatchKind.REPLACE, "answers for pin_memory() copies",
+                  make=_is_pinned, action=Action.EMULATED, backends=frozenset({"cpu"})),
+            Patch("torch:Tensor.record_stream", PatchKind.REPLACE,
+                  "one execution queue on the host: nothing to record",
+                  replacement=lambda self, stream: None, action=Action.NOOP, backends=frozenset({"cpu"})),
+        ]
+    return patches

@@ -1,0 +1,1 @@
+"""Collectives and parallel topology on the target."""

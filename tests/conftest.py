@@ -1,0 +1,53 @@
+"""Shared fixtures. Tests run on the cpu target and must leave the process as they found it."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# Applying on import is the product's default; tests apply and remove explicitly.
+os.environ["ASCEND_PATCH"] = "0"
+for _name in list(os.environ):
+    if _name.startswith("ASCEND_PATCH_"):
+        del os.environ[_name]
+
+import pytest  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """Environment for a child process: no ASCEND_PATCH_* left from the test process."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ASCEND_PATCH")}
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(extra)
+    return env
+
+
+@pytest.fixture
+def cpu_settings():
+    from ascend_patch.config import Settings
+
+    return Settings(device="cpu")
+
+
+@pytest.fixture
+def patched(cpu_settings):
+    """The cpu target applied for one test, removed afterwards."""
+    import ascend_patch
+
+    report = ascend_patch.apply(cpu_settings)
+    assert report.target == "cpu"
+    try:
+        yield report
+    finally:
+        ascend_patch.remove()
+
+
+@pytest.fixture(autouse=True)
+def _no_patch_leaks():
+    yield
+    manager = sys.modules.get("ascend_patch.adaptors.manager")
+    if manager is not None and manager.manager.active:
+        manager.manager.remove()
+        pytest.fail("a test left ascend_patch applied; use the `patched` fixture")
