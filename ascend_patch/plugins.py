@@ -32,6 +32,7 @@ __all__ = [
 BUILTIN_PLUGINS: dict[str, str] = {
     "device": "ascend_patch.adaptors.device_plugin",
     "comm": "ascend_patch.comm.plugin",
+    "models": "ascend_patch.models.plugin",
 }
 
 

@@ -1,0 +1,1 @@
+"""GPT: Megatron's classic decoder (LayerNorm, GeLU, learned absolute positions, biases)."""

@@ -1,0 +1,191 @@
+"""Hugging Face ``config.json`` -> one normalised :class:`ModelConfig` for every family.
+
+Configs are read as they are written today and as they were: transformers 5.x
+writes ``dtype`` and nests rope settings (``"rope_parameters": {"rope_theta": ...}``);
+older files have ``torch_dtype`` and a top-level ``rope_theta`` / ``rope_scaling``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["ModelConfig", "ConfigMismatch", "load_hf_config", "read_config_json", "DTYPES"]
+
+DTYPES = {"float32": "fp32", "float": "fp32", "fp32": "fp32", "bfloat16": "bf16", "bf16": "bf16",
+          "float16": "fp16", "half": "fp16", "fp16": "fp16"}
+
+
+class ConfigMismatch(ValueError):
+    """An HF config lacks a field the family needs, or has one it cannot honour."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The architecture of a decoder-only transformer, in the terms Megatron uses."""
+
+    family: str
+    model_type: str
+    num_layers: int
+    hidden_size: int
+    ffn_hidden_size: int
+    num_attention_heads: int
+    num_query_groups: int
+    kv_channels: int
+    vocab_size: int
+    max_position_embeddings: int
+    norm_epsilon: float
+    rotary_base: float
+    tie_word_embeddings: bool
+    qk_layernorm: bool = False
+    add_qkv_bias: bool = False
+    add_bias_linear: bool = False
+    normalization: str = "RMSNorm"
+    activation: str = "swiglu"
+    position_embedding_type: str = "rope"
+    rope_scaling: Mapping[str, Any] | None = None
+    params_dtype: str = "fp32"
+    architectures: tuple[str, ...] = ()
+    raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def head_dim(self) -> int:
+        return self.kv_channels
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("raw")
+        return d
+
+    def megatron_args(self, make_vocab_size_divisible_by: int = 128, tensor_parallel_size: int = 1) -> dict[str, Any]:
+        """The Megatron command-line arguments for this model (flag name -> value; True = bare flag)."""
+        from .vocab import padded_vocab_size
+
+        args: dict[str, Any] = {
+            "num-layers": self.num_layers,
+            "hidden-size": self.hidden_size,
+            "ffn-hidden-size": self.ffn_hidden_size,
+            "num-attention-heads": self.num_attention_heads,
+        }
+        if self.num_query_groups != self.num_attention_heads:
+            args["group-query-attention"] = True
+            args["num-query-groups"] = self.num_query_groups
+        args["kv-channels"] = self.kv_channels
+        args["max-position-embeddings"] = self.max_position_embeddings
+        args["position-embedding-type"] = self.position_embedding_type
+        args["rotary-base"] = int(self.rotary_base) if float(self.rotary_base).is_integer() else self.rotary_base
+        args["normalization"] = self.normalization
+        args["norm-epsilon"] = self.norm_epsilon
+        if self.activation == "swiglu":
+            args["swiglu"] = True
+        if not self.add_bias_linear:
+            args["disable-bias-linear"] = True
+        if self.add_qkv_bias:
+            args["add-qkv-bias"] = True
+        if self.qk_layernorm:
+            args["qk-layernorm"] = True
+        if not self.tie_word_embeddings:
+            args["untie-embeddings-and-output-weights"] = True
+        args["vocab-size"] = self.vocab_size
+        args["make-vocab-size-divisible-by"] = make_vocab_size_divisible_by
+        args["padded-vocab-size"] = padded_vocab_size(self.vocab_size, make_vocab_size_divisible_by,
+                                                      tensor_parallel_size)
+        if self.params_dtype in ("bf16", "fp16"):
+            args[self.params_dtype] = True
+        return args
+
+    def megatron_argv(self, **kwargs: Any) -> list[str]:
+        """:meth:`megatron_args` as an argv list (``--num-layers 28 --swiglu ...``)."""
+        argv: list[str] = []
+        for key, value in self.megatron_args(**kwargs).items():
+            argv.append(f"--{key}")
+            if value is not True:
+                argv.append(str(value))
+        return argv
+
+
+def read_config_json(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The config dict from a ``config.json`` file or a checkpoint directory holding one."""
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        path = os.path.join(path, "config.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise ConfigMismatch(f"no config.json at {path}") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigMismatch(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigMismatch(f"{path} does not hold a JSON object")
+    return data
+
+
+def _need(cfg: Mapping[str, Any], key: str, family: str) -> Any:
+    if key not in cfg or cfg[key] is None:
+        raise ConfigMismatch(f"config.json for a {family} model has no {key!r}")
+    return cfg[key]
+
+
+def rope_settings(cfg: Mapping[str, Any]) -> tuple[float, dict[str, Any] | None]:
+    """(rope theta, scaling settings or None) from either the nested or the top-level form."""
+    params = cfg.get("rope_parameters")
+    scaling: dict[str, Any] | None = None
+    theta = cfg.get("rope_theta")
+    if isinstance(params, Mapping):
+        theta = params.get("rope_theta", theta)
+        kind = params.get("rope_type", params.get("type", "default"))
+        if kind not in (None, "default"):
+            scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+    legacy = cfg.get("rope_scaling")
+    if scaling is None and isinstance(legacy, Mapping) and legacy.get("rope_type", legacy.get("type")) not in (None, "default"):
+        scaling = dict(legacy)
+    return float(theta if theta is not None else 10000.0), scaling
+
+
+def params_dtype(cfg: Mapping[str, Any]) -> str:
+    raw = cfg.get("dtype", cfg.get("torch_dtype")) or "float32"
+    return DTYPES.get(str(raw).replace("torch.", ""), "fp32")
+
+
+def load_hf_config(cfg: Mapping[str, Any], family: str, *, qk_layernorm: bool = False,
+                   add_qkv_bias: bool | None = None, default_tied: bool = False) -> ModelConfig:
+    """Normalise a llama-style config (llama, mistral, qwen2, qwen3) into a ModelConfig."""
+    heads = int(_need(cfg, "num_attention_heads", family))
+    hidden = int(_need(cfg, "hidden_size", family))
+    groups = int(cfg.get("num_key_value_heads") or heads)
+    head_dim = cfg.get("head_dim")
+    if head_dim is None:
+        if hidden % heads:
+            raise ConfigMismatch(f"hidden_size {hidden} is not divisible by num_attention_heads {heads} "
+                                 "and config.json gives no head_dim")
+        head_dim = hidden // heads
+    act = str(cfg.get("hidden_act", "silu"))
+    if act not in ("silu", "swish"):
+        raise ConfigMismatch(f"{family} models with hidden_act={act!r} are not supported (SwiGLU needs silu)")
+    theta, scaling = rope_settings(cfg)
+    bias = bool(cfg.get("attention_bias", False))
+    return ModelConfig(
+        family=family,
+        model_type=str(cfg.get("model_type", family)),
+        num_layers=int(_need(cfg, "num_hidden_layers", family)),
+        hidden_size=hidden,
+        ffn_hidden_size=int(_need(cfg, "intermediate_size", family)),
+        num_attention_heads=heads,
+        num_query_groups=groups,
+        kv_channels=int(head_dim),
+        vocab_size=int(_need(cfg, "vocab_size", family)),
+        max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
+        norm_epsilon=float(cfg.get("rms_norm_eps", 1e-6)),
+        rotary_base=theta,
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", default_tied)),
+        qk_layernorm=qk_layernorm,
+        add_qkv_bias=bias if add_qkv_bias is None else add_qkv_bias,
+        rope_scaling=scaling,
+        params_dtype=params_dtype(cfg),
+        architectures=tuple(cfg.get("architectures") or ()),
+        raw=dict(cfg),
+    )

@@ -1,0 +1,1 @@
+"""Llama (and Mistral-style llama variants): GQA, RMSNorm, SwiGLU, RoPE, untied embeddings."""

@@ -1,0 +1,15 @@
+"""HF Llama / Mistral ``config.json`` -> ModelConfig."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..hf_config import ModelConfig, load_hf_config
+
+HF_MODEL_TYPES = ("llama", "mistral")
+HF_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
+
+
+def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
+    return load_hf_config(cfg, "llama", qk_layernorm=False, default_tied=False)

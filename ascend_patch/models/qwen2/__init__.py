@@ -1,0 +1,1 @@
+"""Qwen2 / Qwen2.5: the llama layout plus a bias on the q/k/v projections."""

@@ -1,0 +1,15 @@
+"""HF Qwen3 ``config.json`` -> ModelConfig (q/k layernorm, explicit head_dim)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..hf_config import ModelConfig, load_hf_config
+
+HF_MODEL_TYPES = ("qwen3",)
+HF_ARCHITECTURES = ("Qwen3ForCausalLM",)
+
+
+def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
+    return load_hf_config(cfg, "qwen3", qk_layernorm=True, default_tied=True)
