@@ -175,6 +175,7 @@ class PatchManager:
                 self.remove()
             settings = settings if settings is not None else read_settings()
             self.settings = settings
+            self.recorder = None
             if backend is None:
                 self.selection = select_backend(settings)
             else:

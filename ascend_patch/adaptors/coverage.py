@@ -1,0 +1,61 @@
+"""The coverage table (docs/coverage.md), generated from the live patch table.
+
+``ascend-patch report --markdown`` prints it; the doc is this output, so it cannot
+drift from what the code does. The cpu column is what this process applied; the
+npu column says what the same entry point becomes with torch_npu (the npu target
+was not run here: no NPU).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from ..patch import PatchKind
+from .report import Report
+
+__all__ = ["coverage_markdown"]
+
+_CPU_ACTION = {"emulated": "emulated", "no-op": "no-op", "translated": "translated",
+               "unsupported": "raises UnsupportedOnTarget"}
+
+
+def _npu_column(target: str, backends: frozenset[str]) -> str:
+    module, _, attr = target.partition(":")
+    if "npu" not in backends:
+        return "not patched: torch_npu's own behaviour"
+    if module == "torch.cuda" and not attr.startswith("_") and attr != "is_available":
+        return f"`torch.npu.{attr}`, or raises UnsupportedOnTarget if torch_npu lacks it"
+    if module == "torch.cuda.nvtx":
+        return "profiler range (`torch.profiler.record_function`)"
+    return "the same adaptor, onto `npu` / `npu:N`"
+
+
+def coverage_markdown(report: Report) -> str:
+    groups: dict[str, list[str]] = defaultdict(list)
+    rows: list[tuple[str, str, str, str]] = []
+    for status in report.statuses:
+        patch = status.patch
+        if patch.kind is PatchKind.ENV or patch.kind is PatchKind.MODULE:
+            continue
+        if "translate device=" in patch.reason:
+            groups["factory"].append(patch.shown_as)
+            continue
+        action = patch.action.value
+        cpu = f"{_CPU_ACTION.get(action, action)}: {patch.reason}"
+        if status.state != "applied":
+            cpu = f"{status.state}: {status.detail}"
+        rows.append((patch.shown_as, cpu, _npu_column(patch.target, patch.backends)))
+    lines = [
+        "| CUDA entry point | cpu target | npu target |",
+        "|---|---|---|",
+    ]
+    factories = sorted(groups["factory"])
+    if factories:
+        names = ", ".join(f"`{n.removeprefix('torch.')}`" for n in factories)
+        lines.append(f"| every torch function with a `device` argument ({len(factories)} on this torch, "
+                     f"derived from its ATen schemas): {names} | `device=cuda/cuda:N/torch.device('cuda', N)/int`"
+                     " -> `cpu` (exact matching only: a path containing 'cuda' is never rewritten) "
+                     "| -> `npu` / `npu:N` (index kept) |")
+    for api, cpu, npu in sorted(rows):
+        lines.append(f"| `{api}` | {cpu} | {npu} |")
+    return "\n".join(lines)
