@@ -125,7 +125,7 @@ class PluginManager:
             yield impl.plugin_name, result
 
     def names(self) -> list[str]:
-        return [name for name, _ in self.pm.list_name_plugin()]
+        return [name for name, plugin in self.pm.list_name_plugin() if plugin is not None]  # None: blocked
 
 
 _lock = threading.Lock()
