@@ -332,6 +332,13 @@ class _Properties:
         self.is_integrated = True
         self.is_multi_gpu_board = False
         self.uuid = "cpu"
+        # fields CUDA/ROCm property objects carry that libraries read (inductor hashes gcnArchName)
+        self.gcnArchName = "cpu"
+        self.warp_size = 1
+        self.max_threads_per_multi_processor = 1
+        self.regs_per_multiprocessor = 0
+        self.L2_cache_size = 0
+        self.pci_bus_id = self.pci_device_id = self.pci_domain_id = 0
 
     def __repr__(self) -> str:
         return (f"_CpuDeviceProperties(name='{self.name}', major={self.major}, minor={self.minor}, "

@@ -170,3 +170,13 @@ def test_data_parallel_runs_the_module(patched):
     dp = nn.DataParallel(model)
     x = torch.randn(4, 3, device="cuda")
     assert torch.equal(dp(x), model(x))
+
+
+@pytest.mark.slow
+def test_torch_compile_under_the_patch(patched):
+    """Inductor reads torch.cuda device properties while compiling for the host."""
+    @torch.compile
+    def f(x):
+        return x * 2 + torch.ones(4, device="cuda")
+
+    assert f(torch.ones(4, device="cuda")).tolist() == [3.0, 3.0, 3.0, 3.0]
