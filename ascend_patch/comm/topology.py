@@ -140,11 +140,13 @@ class ParallelLayout:
                                         "pp": self.pp})
         object.__setattr__(self, "_dims", dims)
         check_world_size(self.world_size, self.tp, self.pp, self.cp, self.dp, self.ep, self.expert_tp)
-        if (self.pp > 1 and dims.index("pp") != len(dims) - 1 and self.expert_dp != self.dp):
+        # megatron-core asserts this on the order string as given, with or without experts
+        if self.pp > 1 and not self.order.strip().lower().endswith("pp") and self.expert_dp != self.dp:
             raise ParallelConfigError(
                 f"with rank order {self.order!r} (pp not last) and PP={self.pp}, the expert layout's DP "
-                f"({self.expert_dp}) must equal the dense DP ({self.dp}), as megatron-core requires; "
-                f"use order {DEFAULT_ORDER!r} or choose EP x expert-TP = CP x TP", "order")
+                f"({self.expert_dp} = world / (expert-TP x EP x PP)) must equal the dense DP ({self.dp}), as "
+                f"megatron-core requires even without experts; use order {DEFAULT_ORDER!r}, or sizes with "
+                f"expert-TP x EP = TP x CP", "order")
 
     @classmethod
     def from_world(cls, world_size: int, tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1,
