@@ -139,16 +139,23 @@ def _check_checkpoint(report: CheckReport, layout: ParallelLayout, launch_stages
     if differs:
         what = " and ".join(f"{n}={s}" for n, s, _ in differs)
         now = " and ".join(f"{n}={v}" for n, _, v in differs)
-        folders = "mp_rank_TT" + ("_PPP" if (ckpt.pp or 1) > 1 else "") + ("_EEE" if (ckpt.ep or 1) > 1 else "")
+        wanted = _rank_folder(0, 0, 0, layout.pp, layout.ep)
+        first = _rank_folder(0, 0, 0, ckpt.pp or 1, ckpt.ep or 1)
+        last = _rank_folder((ckpt.tp or 1) - 1, (ckpt.pp or 1) - 1, (ckpt.ep or 1) - 1, ckpt.pp or 1, ckpt.ep or 1)
         report.errors.append(
             f"this checkpoint was saved with {what} but you are launching {now}: the torch format cannot be "
-            f"re-sharded on load (the loader looks for other {folders} folders). Re-shard it first:\n"
+            f"re-sharded on load (rank 0 would look for {wanted}/, the checkpoint has {first}/ .. {last}/). "
+            f"Re-shard it first:\n"
             f"      {command}\n    then launch with --load {shlex.quote(resharded_dir(ckpt.path, layout.tp, layout.pp))}")
     else:
         report.errors.append(
             f"this checkpoint places layers {','.join(map(str, saved_stages or []))} on its {ckpt.pp} pipeline "
             f"stages but the launch places {','.join(map(str, launch_stages or []))}; re-shard it first:\n"
             f"      {command}")
+
+
+def _rank_folder(tp_rank: int, pp_rank: int, ep_rank: int, pp: int, ep: int) -> str:
+    return f"mp_rank_{tp_rank:02d}" + (f"_{pp_rank:03d}" if pp > 1 else "") + (f"_{ep_rank:03d}" if ep > 1 else "")
 
 
 def _node_warnings(report: CheckReport, layout: ParallelLayout) -> None:
@@ -281,8 +288,9 @@ def format_report(report: CheckReport, max_rows: int = 64) -> str:
     out = []
     world = report.world_size
     if report.layout is not None:
-        nodes = f" ({world // report.nproc_per_node} nodes x {report.nproc_per_node})" \
-            if report.nproc_per_node and world and world % report.nproc_per_node == 0 else ""
+        count = world // report.nproc_per_node if report.nproc_per_node and world else 0
+        nodes = f" ({count} node{'s' if count != 1 else ''} x {report.nproc_per_node})" \
+            if count and world % report.nproc_per_node == 0 else ""
         out.append(f"ascend-patch check: {world} ranks{nodes}: {report.layout.describe()}")
     elif world is not None:
         out.append(f"ascend-patch check: {world} ranks")

@@ -277,12 +277,20 @@ def check_seq_length(seq_length: int, cp: int, tp: int = 1, sequence_parallel: b
             parts.append(f"2 x CP = {2 * cp} chunks (CP={cp})")
         if sequence_parallel and tp > 1:
             parts.append(f"CP x TP = {cp * tp} sequence-parallel shards (TP={tp})")
-        cps = [c for c in divisors(seq_length) if c == 1 or seq_length % (2 * c) == 0]
-        cps = [c for c in cps if not (sequence_parallel and tp > 1) or seq_length % (c * tp) == 0]
+        sp = sequence_parallel and tp > 1
+        cps = [c for c in divisors(seq_length) if (c == 1 or seq_length % (2 * c) == 0)
+               and (not sp or seq_length % (c * tp) == 0)]
+        fixes = [f"{flags.seq_length} {format_choices(near)}"]
+        if cps:
+            fixes.append(f"{flags.cp} {format_choices(cps, near=cp)}")
+        if sp:
+            base = 2 * cp if cp > 1 else 1
+            tps = [t for t in divisors(seq_length) if seq_length % math.lcm(base, cp * t) == 0]
+            fixes.append(f"{flags.tp} {format_choices(tps, limit=6, near=tp)}")
+            fixes.append("no --sequence-parallel")
         raise ParallelConfigError(
             f"sequence length {seq_length} cannot be split into {' and '.join(parts)}: it must be a multiple "
-            f"of {need}; use {flags.seq_length} {format_choices(near)}, or {flags.cp} "
-            f"{format_choices(cps, near=cp)}", "seq-length")
+            f"of {need}; use {', or '.join(fixes)}", "seq-length")
     return seq_length // (cp * (tp if sequence_parallel else 1))
 
 

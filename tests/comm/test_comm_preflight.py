@@ -91,7 +91,7 @@ def test_sequence_length_vs_context_parallel():
     assert "sequence length 4095 cannot be split into 2 x CP = 4 chunks (CP=2)" in msg
     assert "--seq-length 4092 or 4096" in msg and "--context-parallel-size 1" in msg
     assert check_seq_length(4096, 4) == 1024  # tokens each CP rank holds
-    msg = _message(check_seq_length, 4104, 4, tp=3, sequence_parallel=True)
+    msg = _message(check_seq_length, 4096, 4, tp=3, sequence_parallel=True)  # 4096 % 8 == 0 but % 24 != 0
     assert "CP x TP = 12 sequence-parallel shards (TP=3)" in msg and "multiple of 24" in msg
     assert check_seq_length(4104, 1, tp=3, sequence_parallel=True) == 1368
 
@@ -99,3 +99,9 @@ def test_sequence_length_vs_context_parallel():
 def test_collect_gathers_every_failure():
     errors = collect(lambda: check_heads(32, 3), lambda: check_layers(28, 4), lambda: check_layers(28, 8))
     assert [e.code for e in errors] == ["heads", "layers"]
+
+
+def test_sequence_parallel_remedy_names_tp_when_no_cp_fits():
+    msg = _message(check_seq_length, 4096, 4, tp=3, sequence_parallel=True)
+    assert "--tensor-model-parallel-size 1, 2, 4, 8, 16 or 32" in msg and "no --sequence-parallel" in msg
+    assert "--context-parallel-size" not in msg  # no CP size fits TP=3 with sequence parallelism
