@@ -106,3 +106,37 @@ def spawn(fn: Callable[..., None], world: int) -> None:
     import torch.multiprocessing as mp
 
     mp.spawn(fn, args=(world, free_port()), nprocs=world, join=True)
+
+
+def mesh_and_fsdp(rank: int, world: int, port: int) -> None:
+    """init_device_mesh('cuda') -> a mesh of the target; DTensor and FSDP2 over it match one process."""
+    start(rank, world, port)
+    try:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+        mesh = init_device_mesh("cuda", (world,), mesh_dim_names=("dp",))
+        assert mesh.device_type == "cpu"
+        assert dist.get_backend(mesh.get_group("dp")) == "nccl"  # program code asked for nccl
+        full = data(0, (4 * world, 3), torch.float32, 200)
+        sharded = distribute_tensor(full, mesh, [Shard(0)])
+        assert torch.equal(sharded.to_local(), full.chunk(world)[rank])
+        assert torch.equal(sharded.redistribute(mesh, [Replicate()]).to_local(), full)
+
+        torch.manual_seed(0)
+        model = torch.nn.Linear(3, 2, device="cuda")
+        reference = torch.nn.Linear(3, 2)
+        reference.load_state_dict({k: v.detach().clone() for k, v in model.state_dict().items()})
+        fully_shard(model, mesh=mesh)
+        inputs = [data(r, (5, 3), torch.float32, 201) for r in range(world)]
+        model(inputs[rank]).pow(2).sum().backward()
+        # one process: FSDP averages the ranks' gradients
+        grads = []
+        for x in inputs:
+            reference.zero_grad()
+            reference(x).pow(2).sum().backward()
+            grads.append(reference.weight.grad.clone())
+        torch.testing.assert_close(model.weight.grad.full_tensor(), sum(grads) / world, rtol=1e-5, atol=1e-6)
+    finally:
+        finish()

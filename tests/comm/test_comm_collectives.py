@@ -26,3 +26,7 @@ def test_every_collective_form_matches_the_single_process_result(world):
 def test_plain_gloo_lacks_what_the_fallbacks_provide(world):
     # if torch's gloo gains one of these forms, this fails and the fallback can go
     comm_workers.spawn(comm_workers.gaps_unpatched, world)
+
+
+def test_device_mesh_for_cuda_runs_dtensor_and_fsdp2_on_the_host():
+    comm_workers.spawn(comm_workers.mesh_and_fsdp, 2)
