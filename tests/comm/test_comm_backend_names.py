@@ -174,3 +174,21 @@ def test_ddp_device_ids_on_the_host(world1):
     out = ddp(torch.ones(1, 3))
     out.sum().backward()
     torch.testing.assert_close(model.weight.grad, torch.ones(2, 3))
+
+
+def test_remove_leaves_copies_of_an_added_name_alone(cpu_settings):
+    # a module that picked up the added ProcessGroupNCCL while patched keeps it after remove()
+    import sys
+    import types
+
+    holder = types.ModuleType("holder_of_added_names")
+    sys.modules[holder.__name__] = holder
+    try:
+        ascend_patch.apply(cpu_settings)
+        holder.PG = dist.ProcessGroupNCCL
+        ascend_patch.remove()
+        assert holder.PG is ProcessGroupNCCL
+        assert not hasattr(dist, "ProcessGroupNCCL")
+    finally:
+        ascend_patch.remove()
+        del sys.modules[holder.__name__]
