@@ -187,7 +187,10 @@ def test_remove_leaves_copies_of_an_added_name_alone(cpu_settings):
         ascend_patch.apply(cpu_settings)
         holder.PG = dist.ProcessGroupNCCL
         ascend_patch.remove()
-        assert holder.PG is ProcessGroupNCCL
+        from ascend_patch.comm import nccl_options  # ascend_patch's own modules are never re-bound
+
+        assert holder.PG is nccl_options.ProcessGroupNCCL and isinstance(holder.PG, type)
+        assert ProcessGroupNCCL is nccl_options.ProcessGroupNCCL  # this module's copy too
         assert not hasattr(dist, "ProcessGroupNCCL")
     finally:
         ascend_patch.remove()
