@@ -16,4 +16,5 @@ def test_coverage_table_matches_the_patch_table():
         doc = f.read()
     missing = [line for line in table.splitlines() if line not in doc]
     assert not missing, ("docs/coverage.md is stale; regenerate the table with "
-                         "`ascend-patch report --device cpu --markdown`:\n" + "\n".join(missing[:5]))
+                         
+                         "`ascend-patch report --device cpu --markdown --update docs/coverage.md`:\n" + "\n".join(missing[:5]))

@@ -13,7 +13,7 @@ from collections import defaultdict
 from ..patch import PatchKind
 from .report import Report
 
-__all__ = ["coverage_markdown"]
+__all__ = ["coverage_markdown", "replace_table"]
 
 _CPU_ACTION = {"emulated": "emulated", "no-op": "no-op", "translated": "translated",
                "unsupported": "raises UnsupportedOnTarget"}
@@ -59,3 +59,13 @@ def coverage_markdown(report: Report) -> str:
     for api, cpu, npu in sorted(rows):
         lines.append(f"| `{api}` | {cpu} | {npu} |")
     return "\n".join(lines)
+
+
+def replace_table(path: str, table: str) -> None:
+    """Replace the coverage table (from its header row to the end) in the markdown file ``path``."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    start = text.find("| CUDA entry point |")
+    head = text if start < 0 else text[:start]
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(head.rstrip("\n") + "\n\n" + table + "\n")

@@ -32,6 +32,7 @@ def test_remove_restores_every_original_by_identity():
     # the table on this machine, with every target module imported first
     with ascend_patch.patched(Settings(device="cpu")) as report:
         targets = [s.patch.target for s in report.statuses if s.patch.kind in (PatchKind.REPLACE, PatchKind.WRAP)]
+        added = [s.patch.target for s in report.rows("applied") if s.patch.kind is PatchKind.ADD]
     assert len(targets) > 150
     before = {}
     for target in targets:
@@ -42,8 +43,11 @@ def test_remove_restores_every_original_by_identity():
 
     report = ascend_patch.apply(Settings(device="cpu"))
     try:
-        applied = {s.patch.target for s in report.rows("applied")}
-        assert applied == set(targets), set(targets) - applied
+        applied = {s.patch.target for s in report.rows("applied") if s.patch.kind is not PatchKind.ADD}
+        assert applied == set(targets), set(targets) ^ applied
+        for target in added:
+            owner, name = _owner_and_name(target)
+            assert hasattr(owner, name), target
         for target, (owner, name, own, _) in before.items():
             assert _own(owner, name) is not own, f"{target} was not changed"
         assert torch.load is not copies["torch.load"]  # by-value copies were re-bound
@@ -55,6 +59,9 @@ def test_remove_restores_every_original_by_identity():
     for target, (owner, name, own, value) in before.items():
         assert _own(owner, name) is own, f"{target} not restored"
         assert getattr(owner, name, _MISSING) is value, f"{target} not restored"
+    for target in added:  # added names are gone again
+        owner, name = _owner_and_name(target)
+        assert _own(owner, name) is _MISSING, target
     assert torch.load is copies["torch.load"]
     assert torch.distributed.init_process_group is copies["torch.distributed.init_process_group"]
     assert torch.cuda.memory.memory_allocated is copies["torch.cuda.memory.memory_allocated"]
