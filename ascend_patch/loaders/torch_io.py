@@ -1,0 +1,286 @@
+"""``.pt`` files without running their code, and a streaming ``torch.save``-format writer.
+
+Reading: ``torch.load(weights_only=True)`` with an explicit allowlist — argparse.Namespace
+(Megatron's ``args``), numpy's array reconstruction (``rng_state``), and *stand-ins* for
+Megatron's enum types, which record the value without importing or running Megatron. Any
+other global (``os.system`` in a hostile pickle) is refused before anything is called.
+Tensors load on the meta device, so only the pickle is read; each tensor's file offset
+comes from torch itself (``storage._checkpoint_offset``) and its bytes are read later,
+per block.
+
+Writing: ``torch.save`` under ``torch.serialization.skip_data`` lays out the archive
+(pickle, records, 64-byte aligned data) with never-touched placeholders; the tensor bytes
+are then written at their offsets and the records' CRC-32s patched, so the result is an
+ordinary zip that ``torch.load`` and ``unzip -t`` accept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import struct
+import zlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .blocks import CorruptCheckpoint, dtype_name, itemsize, torch_dtype
+from .formats import TensorInfo
+
+__all__ = [
+    "UnsafeCheckpoint",
+    "MegatronEnumValue",
+    "ENUM_MODULES",
+    "safe_load",
+    "tensor_infos",
+    "TorchCheckpointWriter",
+]
+
+# Modules whose enum classes Megatron writes into ``args``; they get stand-ins, never imported.
+ENUM_MODULES = ("megatron.core.enums", "megatron.core.transformer.enums", "megatron.core.transformer.cuda_graphs",
+                "megatron.core.fp8_utils", "megatron.training.arguments")
+_UNSUPPORTED = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
+
+
+class UnsafeCheckpoint(ValueError):
+    """A pickle that needs a global outside the allowlist (nothing from it was executed)."""
+
+
+@dataclass(frozen=True)
+class MegatronEnumValue:
+    """What a Megatron enum member in ``args`` was (class path and constructor arguments)."""
+
+    cls: str
+    args: tuple[Any, ...]
+
+    @property
+    def value(self) -> Any:
+        return self.args[0] if len(self.args) == 1 else self.args
+
+    def __str__(self) -> str:
+        return f"{self.cls.rsplit('.', 1)[-1]}({self.value!r})"
+
+
+def _stand_in(path: str) -> Any:
+    def make(*args: Any) -> MegatronEnumValue:
+        return MegatronEnumValue(path, tuple(args))
+
+    make.__qualname__ = make.__name__ = path.rsplit(".", 1)[-1]
+    return make
+
+
+def _base_allowlist() -> list[Any]:
+    allowed: list[Any] = [argparse.Namespace]
+    try:  # numpy arrays appear in Megatron's rng_state
+        import numpy as np
+
+        allowed += [np.ndarray, np.dtype]
+        for mod in ("numpy._core.multiarray", "numpy.core.multiarray"):
+            allowed.append((np._core.multiarray._reconstruct if hasattr(np, "_core")
+                            else np.core.multiarray._reconstruct, f"{mod}._reconstruct"))
+        for name in dir(np.dtypes):
+            cls = getattr(np.dtypes, name)
+            if isinstance(cls, type) and issubclass(cls, np.dtype):
+                allowed.append((cls, f"numpy.dtypes.{name}"))
+    except ImportError:  # pragma: no cover - numpy is a torch dependency here
+        pass
+    return allowed
+
+
+def safe_load(path: str, *, meta: bool = True) -> Any:
+    """The object in ``path`` with tensors on the meta device (or in memory when ``meta=False``)."""
+    import torch
+    from torch.serialization import safe_globals
+
+    if not os.path.isfile(path):
+        raise CorruptCheckpoint(f"{path} does not exist")
+    extra: list[Any] = []
+    for _ in range(64):
+        try:
+            with safe_globals(_base_allowlist() + extra):
+                return torch.load(path, map_location="meta" if meta else "cpu", weights_only=True)
+        except Exception as exc:
+            text = str(exc)
+            found = _UNSUPPORTED.search(text)
+            if found and found.group(1).rsplit(".", 1)[0] in ENUM_MODULES:
+                extra.append((_stand_in(found.group(1)), found.group(1)))
+                continue
+            if found or "unrecognized function" in text or "Unsupported operand" in text or "is blocked" in text:
+                what = found.group(1) if found else text.splitlines()[0]
+                raise UnsafeCheckpoint(
+                    f"{path}: refusing to unpickle {what}, which is not on the allowlist of a weights-only "
+                    "checkpoint; nothing from the file was executed. If you trust the file, load it with "
+                    "torch.load(weights_only=False) yourself and re-save only the tensors.") from None
+            if isinstance(exc, (RuntimeError, EOFError, OSError, ValueError)) or "pickle" in type(exc).__name__.lower():
+                size = os.path.getsize(path)
+                raise CorruptCheckpoint(f"{path} ({size} bytes) cannot be read as a torch checkpoint: "
+                                        f"{text.splitlines()[0] if text else type(exc).__name__} "
+                                        "(truncated or corrupt?)") from None
+            raise
+    raise UnsafeCheckpoint(f"{path}: too many distinct Megatron enum types in the pickle")
+
+
+def tensor_infos(obj: Mapping[str, Any], path: str) -> Iterator[tuple[str, TensorInfo | None]]:
+    """(key, TensorInfo) for every entry of a state dict loaded by :func:`safe_load` (None for non-tensors)."""
+    import torch
+
+    size = os.path.getsize(path)
+    for key, value in obj.items():
+        if not isinstance(value, torch.Tensor):
+            yield key, None
+            continue
+        storage = value.untyped_storage()
+        base = getattr(storage, "_checkpoint_offset", None)
+        if base is None:
+            raise CorruptCheckpoint(f"{path}: tensor {key!r} has no recorded file offset")
+        dtype = dtype_name(value.dtype)
+        offset = base + value.storage_offset() * itemsize(dtype)
+        shape = tuple(value.shape)
+        stride = tuple(value.stride())
+        info = TensorInfo(path=path, shape=shape, dtype=dtype, offset=offset,
+                          stride=None if value.is_contiguous() else stride)
+        extent = offset + (1 + sum((d - 1) * s for d, s in zip(shape, stride))) * itemsize(dtype) if all(shape) else offset
+        if extent > size:
+            raise CorruptCheckpoint(f"{path}: tensor {key!r} needs bytes up to {extent} but the file has {size} "
+                                    "(truncated)")
+        yield key, info
+
+
+class TorchCheckpointWriter:
+    """One ``model_optim_rng.pt``: layout by ``torch.save``, bytes streamed in afterwards.
+
+    ``obj`` is the object to save where tensor slots hold :class:`Slot` (shape, dtype);
+    after construction :attr:`offsets` maps each slot's id to its data offset.
+    """
+
+    def __init__(self, path: str, obj: Any) -> None:
+        import torch
+        from torch.serialization import skip_data
+
+        self.path = path
+        placeholders: dict[str, Any] = {}
+        concrete = _substitute(obj, placeholders)
+        with skip_data():
+            torch.save(concrete, path)
+        del concrete
+        placeholders.clear()
+        loaded = safe_load(path)
+        self.offsets: dict[str, int] = {}
+        self.sizes: dict[str, int] = {}
+        for sid, tensor in _slots(obj, loaded):
+            self.offsets[sid] = tensor.untyped_storage()._checkpoint_offset
+            self.sizes[sid] = tensor.numel() * tensor.element_size()
+        self.fd = os.open(path, os.O_RDWR)
+        self._crc: dict[str, tuple[int, int]] = {sid: (0, 0) for sid in self.offsets}
+
+    def write(self, sid: str, byte_offset: int, data: memoryview) -> None:
+        done = 0
+        start = self.offsets[sid] + byte_offset
+        while done < len(data):
+            done += os.pwrite(self.fd, data[done:], start + done)
+        pos, crc = self._crc[sid]
+        if pos == byte_offset:
+            self._crc[sid] = (pos + len(data), zlib.crc32(data, crc))
+        else:
+            self._crc[sid] = (-1, 0)  # out of order: recomputed from the file at close
+
+    def close(self) -> None:
+        if self.fd < 0:
+            return
+        crcs: dict[int, int] = {}
+        for sid, (pos, crc) in self._crc.items():
+            if pos != self.sizes[sid]:
+                crc = _crc_of(self.fd, self.offsets[sid], self.sizes[sid])
+            crcs[self.offsets[sid]] = crc
+        _patch_crcs(self.fd, self.path, crcs)
+        os.close(self.fd)
+        self.fd = -1
+
+    def abort(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A tensor to be written: its id (unique in the file), shape and dtype name."""
+
+    sid: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+def _substitute(obj: Any, placeholders: dict[str, Any]) -> Any:
+    import torch
+
+    if isinstance(obj, Slot):
+        # torch.empty reserves address space only; skip_data never touches it.
+        t = torch.empty(obj.shape, dtype=torch_dtype(obj.dtype))
+        placeholders[obj.sid] = t
+        return t
+    if isinstance(obj, dict):
+        return type(obj)((k, _substitute(v, placeholders)) for k, v in obj.items())
+    if isinstance(obj, list):
+        return [_substitute(v, placeholders) for v in obj]
+    return obj
+
+
+def _slots(template: Any, loaded: Any) -> Iterator[tuple[str, Any]]:
+    if isinstance(template, Slot):
+        yield template.sid, loaded
+    elif isinstance(template, dict):
+        for k, v in template.items():
+            yield from _slots(v, loaded[k])
+    elif isinstance(template, list):
+        for v, w in zip(template, loaded):
+            yield from _slots(v, w)
+
+
+def _crc_of(fd: int, offset: int, size: int) -> int:
+    crc, done = 0, 0
+    while done < size:
+        chunk = os.pread(fd, min(1 << 24, size - done), offset + done)
+        if not chunk:
+            raise CorruptCheckpoint("short read while computing a CRC")
+        crc = zlib.crc32(chunk, crc)
+        done += len(chunk)
+    return crc
+
+
+def _patch_crcs(fd: int, path: str, crcs: Mapping[int, int]) -> None:
+    """Write each data record's CRC-32 into its data descriptor and central-directory entry."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as zf:
+        start_dir = zf.start_dir
+        infos = zf.infolist()
+    by_name = {}
+    for info in infos:
+        local = os.pread(fd, 30, info.header_offset)
+        name_len, extra_len = struct.unpack("<HH", local[26:30])
+        data_start = info.header_offset + 30 + name_len + extra_len
+        if data_start in crcs:
+            by_name[info.filename] = (crcs[data_start], info, data_start)
+    if len(by_name) != len(crcs):
+        raise CorruptCheckpoint(f"{path}: {len(crcs) - len(by_name)} tensor records not found in the archive")
+    pos = start_dir
+    for _ in infos:
+        head = os.pread(fd, 46, pos)
+        if head[:4] != b"PK\x01\x02":
+            raise CorruptCheckpoint(f"{path}: malformed central directory at byte {pos}")
+        name_len, extra_len, comment_len = struct.unpack("<HHH", head[28:34])
+        name = os.pread(fd, name_len, pos + 46).decode("utf-8")
+        hit = by_name.get(name)
+        if hit is not None:
+            crc, info, data_start = hit
+            packed = struct.pack("<I", crc)
+            os.pwrite(fd, packed, pos + 16)
+            if info.flag_bits & 0x08:  # data descriptor after the payload (miniz writes one)
+                desc = data_start + info.compress_size
+                at = desc + 4 if os.pread(fd, 4, desc) == b"PK\x07\x08" else desc
+                os.pwrite(fd, packed, at)
+            else:
+                os.pwrite(fd, packed, info.header_offset + 14)
+        pos += 46 + name_len + extra_len + comment_len
