@@ -79,6 +79,11 @@ def prepare(load_dir: str, save_dir: str | None, loader: str, saver: str,
     source = loader_obj.open(load_dir, options)
     problems += source.problems
     problems += check_dtype(options.params_dtype, source.dtype)
+    for flag, claimed in dict(options.extra.get("claimed") or {}).items():
+        actual = getattr(source.config, flag)
+        if claimed and not actual:
+            problems.append(Problem("flag-vs-config", f"--{flag.replace('_', '-')} was given but the {source.config.family} "
+                                    f"config of {load_dir} has {flag}=False", "drop the flag or fix the config"))
     plan = saver_obj.plan(source, options)
     problems += plan.problems
     if not problems:

@@ -24,9 +24,8 @@ from .formats import (CheckpointLoader, CheckpointSaver, ConvertOptions, SourceC
 from .preflight import Problem, check_tensors
 from .resolve import resolve_family, weight_map_for
 
-__all__ = ["HFLoader", "HFSaver", "synthesize_hf_config", "HF_DTYPES"]
+__all__ = ["HFLoader", "HFSaver", "source_from_hf_tensors", "synthesize_hf_config", "parse_size"]
 
-HF_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 _ARCH = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
          "qwen3": "Qwen3ForCausalLM"}
 
@@ -111,36 +110,52 @@ class HFLoader(CheckpointLoader):
         if not os.path.isdir(path):
             raise CorruptCheckpoint(f"--load-dir {path} is not a directory")
         config = read_config_json(path)
-        spec, problems = resolve_family(options, config=config)
-        cfg: ModelConfig = spec.config_from_hf(config)
-        wm = weight_map_for(spec, cfg)
         tensors, file_problems, _ = _hf_files(path)
-        problems += file_problems
-        expected = wm.hf_tensors()
-        ignorable = [k for k in tensors if k.endswith("rotary_emb.inv_freq")]
-        notes = []
-        if ignorable:
-            notes.append(f"ignoring {len(ignorable)} rotary inv_freq buffer(s) (recomputed by every framework)")
-        if cfg.tie_word_embeddings and "lm_head.weight" in tensors:
-            ignorable.append("lm_head.weight")
-            notes.append("the model ties its embeddings; the stored lm_head.weight copy is not used")
-        found = {k: v.shape for k, v in tensors.items()}
-        problems += check_tensors(expected, found, f"{path}", ignorable)
-        usable = {k: s for k, s in expected.items() if k in found and tuple(found[k]) == tuple(s)}
-        counts = Counter(tensors[k].dtype for k in usable)
-        dtype = counts.most_common(1)[0][0] if counts else "float32"
-        if len(counts) > 1:
-            notes.append(f"mixed tensor dtypes {dict(counts)}; converting all to the target dtype")
         gen_path = os.path.join(path, "generation_config.json")
         generation = _read_json(gen_path) if os.path.isfile(gen_path) else None
-        return SourceCheckpoint(
-            format=self.name, path=path, spec=spec, config=cfg, weight_map=wm,
-            tensors={k: tensors[k] for k in usable},
-            canonical={k: [Piece(k, (0,) * len(s), (0,) * len(s), tuple(s))] for k, s in usable.items()},
-            plans={k: _identity(k, tuple(s)) for k, s in usable.items()},
-            dtype=dtype, hf_config=dict(config), generation_config=generation,
-            inventory={"": {k: v.shape for k, v in tensors.items()}},
-            problems=problems, notes=notes)
+        return source_from_hf_tensors(self.name, path, config, tensors, options, file_problems, generation)
+
+
+def source_from_hf_tensors(fmt: str, path: str, config: dict[str, Any], tensors: dict[str, TensorInfo],
+                           options: ConvertOptions, problems: list[Problem] | None = None,
+                           generation_config: dict[str, Any] | None = None) -> SourceCheckpoint:
+    """A SourceCheckpoint for tensors stored under their HF names (any storage: a loader plugin's helper).
+
+    Resolves the family, checks the tensor set against the weight map (missing,
+    unexpected, mis-shaped), and makes the identity canonical view.
+    """
+    problems = list(problems or [])
+    spec, family_problems = resolve_family(options, config=config)
+    problems += family_problems
+    cfg: ModelConfig = spec.config_from_hf(config)
+    wm = weight_map_for(spec, cfg)
+    expected = wm.hf_tensors()
+    ignorable = [k for k in tensors if k.endswith("rotary_emb.inv_freq")]
+    notes = []
+    if ignorable:
+        notes.append(f"ignoring {len(ignorable)} rotary inv_freq buffer(s) (recomputed by every framework)")
+    if cfg.tie_word_embeddings and "lm_head.weight" in tensors:
+        ignorable.append("lm_head.weight")
+        notes.append("the model ties its embeddings; the stored lm_head.weight copy is not used")
+    window = config.get("sliding_window")
+    if window and (config.get("use_sliding_window", True)) and int(window) < cfg.max_position_embeddings:
+        notes.append(f"sliding_window={window} is not represented in megatron-core's GPT layer: sequences longer "
+                     "than the window will attend differently")
+    found = {k: v.shape for k, v in tensors.items()}
+    problems += check_tensors(expected, found, f"{path}", ignorable)
+    usable = {k: s for k, s in expected.items() if k in found and tuple(found[k]) == tuple(s)}
+    counts = Counter(tensors[k].dtype for k in usable)
+    dtype = counts.most_common(1)[0][0] if counts else "float32"
+    if len(counts) > 1:
+        notes.append(f"mixed tensor dtypes {dict(counts)}; converting all to the target dtype")
+    return SourceCheckpoint(
+        format=fmt, path=path, spec=spec, config=cfg, weight_map=wm,
+        tensors={k: tensors[k] for k in usable},
+        canonical={k: [Piece(k, (0,) * len(s), (0,) * len(s), tuple(s))] for k, s in usable.items()},
+        plans={k: _identity(k, tuple(s)) for k, s in usable.items()},
+        dtype=dtype, hf_config=dict(config), generation_config=generation_config,
+        inventory={"": {k: v.shape for k, v in tensors.items()}},
+        problems=problems, notes=notes)
 
 
 def parse_size(text: str | int) -> int:

@@ -1,8 +1,9 @@
 """``.pt`` files without running their code, and a streaming ``torch.save``-format writer.
 
 Reading: ``torch.load(weights_only=True)`` with an explicit allowlist — argparse.Namespace
-(Megatron's ``args``), numpy's array reconstruction (``rng_state``), and *stand-ins* for
-Megatron's enum types, which record the value without importing or running Megatron. Any
+(Megatron's ``args``) and the few plain containers Megatron-LM pickles, numpy's array
+reconstruction (``rng_state``), and inert *stand-ins* for Megatron's own types (enums,
+OptimizerConfig, ...), which keep the data without importing or running Megatron. Any
 other global (``os.system`` in a hostile pickle) is refused before anything is called.
 Tensors load on the meta device, so only the pickle is read; each tensor's file offset
 comes from torch itself (``storage._checkpoint_offset``) and its bytes are read later,
@@ -30,48 +31,68 @@ from .formats import TensorInfo
 
 __all__ = [
     "UnsafeCheckpoint",
-    "MegatronEnumValue",
-    "ENUM_MODULES",
+    "MegatronObject",
+    "STAND_IN_PREFIXES",
     "safe_load",
     "tensor_infos",
     "TorchCheckpointWriter",
 ]
 
-# Modules whose enum classes Megatron writes into ``args``; they get stand-ins, never imported.
-ENUM_MODULES = ("megatron.core.enums", "megatron.core.transformer.enums", "megatron.core.transformer.cuda_graphs",
-                "megatron.core.fp8_utils", "megatron.training.arguments")
+# Globals under these prefixes (Megatron's enums, OptimizerConfig, RerunState, ... in ``args`` and
+# the rerun state) get inert stand-ins: their data is kept, their code is never imported or run.
+STAND_IN_PREFIXES = ("megatron.",)
 _UNSUPPORTED = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
+_ANY_GLOBAL = re.compile(r"GLOBAL ([\w.]+)|unrecognized function ([^\s]+)")
 
 
 class UnsafeCheckpoint(ValueError):
     """A pickle that needs a global outside the allowlist (nothing from it was executed)."""
 
 
-@dataclass(frozen=True)
-class MegatronEnumValue:
-    """What a Megatron enum member in ``args`` was (class path and constructor arguments)."""
+class MegatronObject:
+    """A stand-in for a Megatron object in a pickle (an enum member, a config dataclass).
 
-    cls: str
-    args: tuple[Any, ...]
+    Records what the pickle said — ``cls`` (the class path), ``args`` (constructor
+    arguments; an enum's value) and ``state`` (attributes) — without importing or running
+    Megatron.
+    """
+
+    cls: str = ""
+
+    def __init__(self, *args: Any) -> None:
+        self.args = args
+        self.state: dict[str, Any] = {}
+
+    def __setstate__(self, state: Any) -> None:
+        self.state = dict(state) if isinstance(state, dict) else {"state": state}
 
     @property
     def value(self) -> Any:
         return self.args[0] if len(self.args) == 1 else self.args
 
-    def __str__(self) -> str:
-        return f"{self.cls.rsplit('.', 1)[-1]}({self.value!r})"
+    def __getattr__(self, name: str) -> Any:
+        state = self.__dict__.get("state") or {}
+        if name in state:
+            return state[name]
+        raise AttributeError(name)
+
+    def __repr__(self) -> str:
+        inside = repr(self.value) if self.args else ", ".join(f"{k}={v!r}" for k, v in self.state.items())
+        return f"{self.cls.rsplit('.', 1)[-1]}({inside})"
 
 
-def _stand_in(path: str) -> Any:
-    def make(*args: Any) -> MegatronEnumValue:
-        return MegatronEnumValue(path, tuple(args))
-
-    make.__qualname__ = make.__name__ = path.rsplit(".", 1)[-1]
-    return make
+def _stand_in(path: str) -> type:
+    return type(path.rsplit(".", 1)[-1], (MegatronObject,), {"cls": path, "__module__": __name__})
 
 
 def _base_allowlist() -> list[Any]:
-    allowed: list[Any] = [argparse.Namespace]
+    import io
+    import pathlib
+    import signal
+    import types
+
+    # Megatron-LM checkpoints carry these plain containers (megatron.core.safe_globals lists them too).
+    allowed: list[Any] = [argparse.Namespace, types.SimpleNamespace, pathlib.PosixPath, io.BytesIO, signal.Signals]
     try:  # numpy arrays appear in Megatron's rng_state
         import numpy as np
 
@@ -103,11 +124,12 @@ def safe_load(path: str, *, meta: bool = True) -> Any:
         except Exception as exc:
             text = str(exc)
             found = _UNSUPPORTED.search(text)
-            if found and found.group(1).rsplit(".", 1)[0] in ENUM_MODULES:
+            if found and found.group(1).startswith(STAND_IN_PREFIXES) and len(extra) < 63:
                 extra.append((_stand_in(found.group(1)), found.group(1)))
                 continue
-            if found or "unrecognized function" in text or "Unsupported operand" in text or "is blocked" in text:
-                what = found.group(1) if found else text.splitlines()[0]
+            named = _ANY_GLOBAL.search(text)
+            if named or "Unsupported operand" in text or "is blocked" in text:
+                what = (named.group(1) or named.group(2)) if named else "an object constructor"
                 raise UnsafeCheckpoint(
                     f"{path}: refusing to unpickle {what}, which is not on the allowlist of a weights-only "
                     "checkpoint; nothing from the file was executed. If you trust the file, load it with "
@@ -118,7 +140,7 @@ def safe_load(path: str, *, meta: bool = True) -> Any:
                                         f"{text.splitlines()[0] if text else type(exc).__name__} "
                                         "(truncated or corrupt?)") from None
             raise
-    raise UnsafeCheckpoint(f"{path}: too many distinct Megatron enum types in the pickle")
+    raise UnsafeCheckpoint(f"{path}: too many distinct Megatron types in the pickle")
 
 
 def tensor_infos(obj: Mapping[str, Any], path: str) -> Iterator[tuple[str, TensorInfo | None]]:

@@ -6,6 +6,20 @@ import json
 import os
 from typing import Any
 
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """Environment for a child process, by the rules of tests/conftest.py's child_env.
+
+    (tests/loaders/conftest.py shadows the root conftest module's name, so it is not importable here.)
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ASCEND_PATCH")}
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(extra)
+    return env
+
+
 COMMON = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
               num_key_value_heads=2, rms_norm_eps=1e-6, max_position_embeddings=128)
 
