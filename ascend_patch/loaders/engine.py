@@ -288,4 +288,5 @@ def _progress_bar(total: int, options: ConvertOptions) -> Any:
     from tqdm import tqdm
 
     return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="converting", file=sys.stderr,
-                mininterval=0.5)
+                mininterval=0.5, bar_format="{desc}: {percentage:3.0f}%|{bar:20}| {n_fmt}B/{total_fmt}B "
+                "[{elapsed} elapsed, ETA {remaining}, {rate_fmt}]")

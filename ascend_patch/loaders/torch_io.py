@@ -92,7 +92,8 @@ def _base_allowlist() -> list[Any]:
     import types
 
     # Megatron-LM checkpoints carry these plain containers (megatron.core.safe_globals lists them too).
-    allowed: list[Any] = [argparse.Namespace, types.SimpleNamespace, pathlib.PosixPath, io.BytesIO, signal.Signals]
+    allowed: list[Any] = [argparse.Namespace, types.SimpleNamespace, pathlib.PosixPath, io.BytesIO, signal.Signals,
+                          bytes]  # protocol-2 pickles spell an empty bytes object as a call to bytes()
     try:  # numpy arrays appear in Megatron's rng_state
         import numpy as np
 

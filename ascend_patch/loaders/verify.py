@@ -147,7 +147,9 @@ def _check_tensors(out: SourceCheckpoint, src: SourceCheckpoint | None, report: 
             report.tensors_checked += 1
             report.bytes_checked += info.nbytes
             if mismatch is not None:
-                bad.append(f"{pid} (max |diff| {mismatch:.3g})")
+                rel = os.path.relpath(info.path, out.path)
+                where = pid if rel in pid else f"{pid} in {rel}"
+                bad.append(f"{where} (max |diff| {mismatch:.3g})")
     finally:
         files_out.close()
         files_ref.close()

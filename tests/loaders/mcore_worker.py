@@ -135,6 +135,10 @@ def run_case(case: dict) -> dict:
 
 def main() -> int:
     cases_path, results_path = sys.argv[1], sys.argv[2]
+    if os.environ.get("MCORE_WORKER_TRACEBACK_AFTER"):  # debugging hangs: dump every thread's stack
+        import faulthandler
+
+        faulthandler.dump_traceback_later(int(os.environ["MCORE_WORKER_TRACEBACK_AFTER"]), exit=True)
     import ascend_patch
     from ascend_patch.config import Settings
 
