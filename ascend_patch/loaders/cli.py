@@ -63,6 +63,8 @@ def add_convert_arguments(p: argparse.ArgumentParser) -> None:
     misc.add_argument("--max-shard-size", default="5GB", help="hf output: largest safetensors shard (e.g. 2GB, 500MB)")
     misc.add_argument("--force", action="store_true", help="write into a non-empty --save-dir, replacing what the "
                       "conversion writes there")
+    misc.add_argument("--zip-crc", action="store_true", help="mg output: compute the zip CRC-32 of every tensor "
+                      "record (torch.load does not need them; unzip -t does); the data then passes through memory")
     misc.add_argument("--verify", action="store_true", help="re-read the output and check it (tensors and key sets)")
     misc.add_argument("--progress", dest="progress", action="store_true", default=None,
                       help="show the progress bar even when stderr is not a terminal")
@@ -90,6 +92,8 @@ def options_from_args(args: argparse.Namespace) -> Any:
             family = guess
     if args.add_qkv_bias or args.qk_layernorm:
         extra["claimed"] = {"add_qkv_bias": args.add_qkv_bias, "qk_layernorm": args.qk_layernorm}
+    if args.zip_crc:
+        extra["zip_crc"] = True
     if args.num_layers_per_virtual_pipeline_stage:
         extra["layers_per_virtual_stage"] = args.num_layers_per_virtual_pipeline_stage
     return ConvertOptions(

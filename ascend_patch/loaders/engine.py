@@ -23,8 +23,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..models.weightmap import LayoutError, TensorPlan, compose
-from .blocks import BlockFiller, FileCache, itemsize, row_blocks, torch_dtype
+import numpy as np
+
+from ..models.weightmap import LayoutError, Piece, TensorPlan, compose
+from .blocks import BlockFiller, FileCache, itemsize, raw_dtype, row_blocks
 from .formats import ConvertOptions, SourceCheckpoint, TargetFile, TargetPlan, get_format_registry
 from .preflight import PreflightError, Problem, check_disk_space, check_dtype, check_output_dir
 
@@ -138,32 +140,37 @@ def convert(load_dir: str, save_dir: str, loader: str = "hf", saver: str = "mg",
 
 def _write_all(source: SourceCheckpoint, plan: TargetPlan, staging: str, options: ConvertOptions,
                on_progress: Progress | None) -> int:
-    import torch
-
     total = plan.nbytes
     bar = _progress_bar(total, options)
     if on_progress:
         on_progress("start", {"total": total})
     files = FileCache()
     filler = BlockFiller(source.tensors, files)
-    buffer = torch.empty(BLOCK_BYTES, dtype=torch.uint8)
+    buffer = np.empty(BLOCK_BYTES, dtype=np.uint8)
     written = 0
     try:
-        for target in plan.files:
-            path = os.path.join(staging, target.relpath)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            writer = _open_writer(target, path)
+        for group in _lockstep_groups(plan.files):
+            writers = []
             try:
-                for tensor in target.tensors:
-                    written += _write_tensor(filler, writer, tensor, target.dtype, buffer, bar)
-                    if on_progress:
-                        on_progress("tensor", {"file": target.relpath, "key": tensor.key, "written": written})
-                writer.close()
+                for target in group:
+                    path = os.path.join(staging, target.relpath)
+                    os.makedirs(os.path.dirname(path), exist_ok=True)
+                    writers.append(_open_writer(target, path, options))
+                for i in range(len(group[0].tensors)):
+                    for target, writer in zip(group, writers):
+                        tensor = target.tensors[i]
+                        written += _write_tensor(filler, writer, tensor, target.dtype, buffer, bar)
+                        if on_progress:
+                            on_progress("tensor", {"file": target.relpath, "key": tensor.key, "written": written})
+                for writer in writers:
+                    writer.close()
             except BaseException:
-                writer.abort()
+                for writer in writers:
+                    writer.abort()
                 raise
             if on_progress:
-                on_progress("file", {"file": target.relpath, "written": written})
+                for target in group:
+                    on_progress("file", {"file": target.relpath, "written": written})
     finally:
         files.close()
         if bar is not None:
@@ -171,37 +178,75 @@ def _write_all(source: SourceCheckpoint, plan: TargetPlan, staging: str, options
     return written
 
 
-def _write_tensor(filler: BlockFiller, writer: Any, tensor: TensorPlan, dtype: str, buffer: Any, bar: Any) -> int:
-    import torch
+def _lockstep_groups(files: list[TargetFile]) -> list[list[TargetFile]]:
+    """Consecutive files with the same tensor layout (the TP ranks of one stage) are written together,
+    tensor by tensor, so each source block read serves all of them."""
+    groups: list[list[TargetFile]] = []
+    for f in files:
+        g = groups[-1] if groups else None
+        if g and g[0].format == f.format and len(g[0].tensors) == len(f.tensors) and all(
+                a.shape == b.shape for a, b in zip(g[0].tensors, f.tensors)) and len(g) < 8:
+            g.append(f)
+        else:
+            groups.append([f])
+    return groups
 
+
+def _write_tensor(filler: BlockFiller, writer: Any, tensor: TensorPlan, dtype: str, buffer: np.ndarray,
+                  bar: Any) -> int:
     shape = tensor.shape or (1,)
-    row_elems = 1
+    if not tensor.shape:
+        tensor = TensorPlan(tensor.key, (1,), tuple(Piece(p.src, (0,), (0,), (1,)) for p in tensor.pieces))
+    row_bytes = itemsize(dtype)
     for s in shape[1:]:
-        row_elems *= s
-    row_bytes = row_elems * itemsize(dtype)
-    tdtype = torch_dtype(dtype)
+        row_bytes *= s
+    direct = filler.direct(tensor, dtype)
+    if direct is not None:  # whole rows, same dtype: file to file, never through this process
+        done = 0
+        for piece, info in direct:
+            nbytes = piece.size[0] * row_bytes
+            dst = piece.dst_start[0] * row_bytes
+            if info is None:
+                _write_zeros(writer, tensor.key, dst, nbytes, buffer)
+            else:
+                writer.copy(tensor.key, dst, filler.files.fd(info.path), info.offset + piece.src_start[0] * row_bytes,
+                            nbytes)
+            done += nbytes
+            if bar is not None:
+                bar.update(nbytes)
+        return done
     done = 0
     for start, stop in row_blocks(shape[0], row_bytes, BLOCK_BYTES):
         nbytes = (stop - start) * row_bytes
-        raw = buffer[:nbytes] if nbytes <= buffer.numel() else torch.empty(nbytes, dtype=torch.uint8)
-        out = raw.view(tdtype).view(stop - start, *shape[1:])
-        filler.fill(tensor if tensor.shape else TensorPlan(tensor.key, (1,), tensor.pieces), start, stop, out)
-        writer.write(tensor.key, start * row_bytes, memoryview(raw.numpy()))
+        raw = buffer[:nbytes] if nbytes <= buffer.size else np.empty(nbytes, dtype=np.uint8)
+        out = raw.view(raw_dtype(dtype)).reshape(stop - start, *shape[1:])
+        filler.fill(tensor, start, stop, out, dtype)
+        writer.write(tensor.key, start * row_bytes, memoryview(raw))
         done += nbytes
         if bar is not None:
             bar.update(nbytes)
     return done
 
 
-def _open_writer(target: TargetFile, path: str) -> Any:
+def _write_zeros(writer: Any, key: str, offset: int, nbytes: int, buffer: np.ndarray) -> None:
+    zeros = buffer[: min(nbytes, buffer.size)]
+    zeros[...] = 0
+    done = 0
+    while done < nbytes:
+        n = min(zeros.size, nbytes - done)
+        writer.write(key, offset + done, memoryview(zeros[:n]))
+        done += n
+
+
+def _open_writer(target: TargetFile, path: str, options: ConvertOptions) -> Any:
     if target.format == "safetensors":
         from .safetensors_io import SafetensorsWriter
 
         return SafetensorsWriter(path, [(t.key, t.shape, target.dtype) for t in target.tensors], target.metadata)
     if target.format == "torch":
-        from .torch_io import TorchCheckpointWriter
+        from .torch_zip import TorchZipWriter
 
-        return TorchCheckpointWriter(path, target.skeleton)
+        return TorchZipWriter(path, target.skeleton, crc=bool(options.extra.get("zip_crc")))
     raise ValueError(f"{target.relpath}: unknown output file format {target.format!r} (safetensors or torch)")
 
 

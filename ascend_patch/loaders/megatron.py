@@ -224,7 +224,7 @@ class MegatronSaver(CheckpointSaver):
     loader = "mg"
 
     def plan(self, source: SourceCheckpoint, options: ConvertOptions) -> TargetPlan:
-        from .torch_io import Slot
+        from .torch_zip import Slot
 
         cfg = source.config
         tp, pp = options.target_tp, options.target_pp

@@ -25,10 +25,10 @@ class ArgsMismatch(ValueError):
 
 def build_args(cfg: ModelConfig, layout: ParallelLayout, *, padded_vocab: int, divisor: int, dtype: str,
                naming: str, iteration: int | str) -> argparse.Namespace:
-    """The ``args`` to store in every rank file."""
-    import torch
+    """The ``args`` to store in every rank file (``params_dtype`` pickles as ``torch.<dtype>``)."""
+    from .torch_zip import TORCH_DTYPES
 
-    params_dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(dtype, torch.float32)
+    params_dtype = TORCH_DTYPES[dtype if dtype in ("bfloat16", "float16") else "float32"]
     vpp = layout.vpp if layout.vpp > 1 else None
     return argparse.Namespace(
         model_type="GPT", use_legacy_models=False, use_mcore_models=True, ckpt_format="torch",

@@ -9,10 +9,7 @@ Tensors load on the meta device, so only the pickle is read; each tensor's file 
 comes from torch itself (``storage._checkpoint_offset``) and its bytes are read later,
 per block.
 
-Writing: ``torch.save`` under ``torch.serialization.skip_data`` lays out the archive
-(pickle, records, 64-byte aligned data) with never-touched placeholders; the tensor bytes
-are then written at their offsets and the records' CRC-32s patched, so the result is an
-ordinary zip that ``torch.load`` and ``unzip -t`` accept.
+Writing without torch is :mod:`.torch_zip`.
 """
 
 from __future__ import annotations
@@ -20,13 +17,10 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import struct
-import zlib
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from .blocks import CorruptCheckpoint, dtype_name, itemsize, torch_dtype
+from .blocks import CorruptCheckpoint, dtype_name, itemsize
 from .formats import TensorInfo
 
 __all__ = [
@@ -35,7 +29,6 @@ __all__ = [
     "STAND_IN_PREFIXES",
     "safe_load",
     "tensor_infos",
-    "TorchCheckpointWriter",
 ]
 
 # Globals under these prefixes (Megatron's enums, OptimizerConfig, RerunState, ... in ``args`` and
@@ -168,142 +161,3 @@ def tensor_infos(obj: Mapping[str, Any], path: str) -> Iterator[tuple[str, Tenso
             raise CorruptCheckpoint(f"{path}: tensor {key!r} needs bytes up to {extent} but the file has {size} "
                                     "(truncated)")
         yield key, info
-
-
-class TorchCheckpointWriter:
-    """One ``model_optim_rng.pt``: layout by ``torch.save``, bytes streamed in afterwards.
-
-    ``obj`` is the object to save where tensor slots hold :class:`Slot` (shape, dtype);
-    after construction :attr:`offsets` maps each slot's id to its data offset.
-    """
-
-    def __init__(self, path: str, obj: Any) -> None:
-        import torch
-        from torch.serialization import skip_data
-
-        self.path = path
-        placeholders: dict[str, Any] = {}
-        concrete = _substitute(obj, placeholders)
-        with skip_data():
-            torch.save(concrete, path)
-        del concrete
-        placeholders.clear()
-        loaded = safe_load(path)
-        self.offsets: dict[str, int] = {}
-        self.sizes: dict[str, int] = {}
-        for sid, tensor in _slots(obj, loaded):
-            self.offsets[sid] = tensor.untyped_storage()._checkpoint_offset
-            self.sizes[sid] = tensor.numel() * tensor.element_size()
-        self.fd = os.open(path, os.O_RDWR)
-        self._crc: dict[str, tuple[int, int]] = {sid: (0, 0) for sid in self.offsets}
-
-    def write(self, sid: str, byte_offset: int, data: memoryview) -> None:
-        done = 0
-        start = self.offsets[sid] + byte_offset
-        while done < len(data):
-            done += os.pwrite(self.fd, data[done:], start + done)
-        pos, crc = self._crc[sid]
-        if pos == byte_offset:
-            self._crc[sid] = (pos + len(data), zlib.crc32(data, crc))
-        else:
-            self._crc[sid] = (-1, 0)  # out of order: recomputed from the file at close
-
-    def close(self) -> None:
-        if self.fd < 0:
-            return
-        crcs: dict[int, int] = {}
-        for sid, (pos, crc) in self._crc.items():
-            if pos != self.sizes[sid]:
-                crc = _crc_of(self.fd, self.offsets[sid], self.sizes[sid])
-            crcs[self.offsets[sid]] = crc
-        _patch_crcs(self.fd, self.path, crcs)
-        os.close(self.fd)
-        self.fd = -1
-
-    def abort(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-
-
-@dataclass(frozen=True)
-class Slot:
-    """A tensor to be written: its id (unique in the file), shape and dtype name."""
-
-    sid: str
-    shape: tuple[int, ...]
-    dtype: str
-
-
-def _substitute(obj: Any, placeholders: dict[str, Any]) -> Any:
-    import torch
-
-    if isinstance(obj, Slot):
-        # torch.empty reserves address space only; skip_data never touches it.
-        t = torch.empty(obj.shape, dtype=torch_dtype(obj.dtype))
-        placeholders[obj.sid] = t
-        return t
-    if isinstance(obj, dict):
-        return type(obj)((k, _substitute(v, placeholders)) for k, v in obj.items())
-    if isinstance(obj, list):
-        return [_substitute(v, placeholders) for v in obj]
-    return obj
-
-
-def _slots(template: Any, loaded: Any) -> Iterator[tuple[str, Any]]:
-    if isinstance(template, Slot):
-        yield template.sid, loaded
-    elif isinstance(template, dict):
-        for k, v in template.items():
-            yield from _slots(v, loaded[k])
-    elif isinstance(template, list):
-        for v, w in zip(template, loaded):
-            yield from _slots(v, w)
-
-
-def _crc_of(fd: int, offset: int, size: int) -> int:
-    crc, done = 0, 0
-    while done < size:
-        chunk = os.pread(fd, min(1 << 24, size - done), offset + done)
-        if not chunk:
-            raise CorruptCheckpoint("short read while computing a CRC")
-        crc = zlib.crc32(chunk, crc)
-        done += len(chunk)
-    return crc
-
-
-def _patch_crcs(fd: int, path: str, crcs: Mapping[int, int]) -> None:
-    """Write each data record's CRC-32 into its data descriptor and central-directory entry."""
-    import zipfile
-
-    with zipfile.ZipFile(path) as zf:
-        start_dir = zf.start_dir
-        infos = zf.infolist()
-    by_name = {}
-    for info in infos:
-        local = os.pread(fd, 30, info.header_offset)
-        name_len, extra_len = struct.unpack("<HH", local[26:30])
-        data_start = info.header_offset + 30 + name_len + extra_len
-        if data_start in crcs:
-            by_name[info.filename] = (crcs[data_start], info, data_start)
-    if len(by_name) != len(crcs):
-        raise CorruptCheckpoint(f"{path}: {len(crcs) - len(by_name)} tensor records not found in the archive")
-    pos = start_dir
-    for _ in infos:
-        head = os.pread(fd, 46, pos)
-        if head[:4] != b"PK\x01\x02":
-            raise CorruptCheckpoint(f"{path}: malformed central directory at byte {pos}")
-        name_len, extra_len, comment_len = struct.unpack("<HHH", head[28:34])
-        name = os.pread(fd, name_len, pos + 46).decode("utf-8")
-        hit = by_name.get(name)
-        if hit is not None:
-            crc, info, data_start = hit
-            packed = struct.pack("<I", crc)
-            os.pwrite(fd, packed, pos + 16)
-            if info.flag_bits & 0x08:  # data descriptor after the payload (miniz writes one)
-                desc = data_start + info.compress_size
-                at = desc + 4 if os.pread(fd, 4, desc) == b"PK\x07\x08" else desc
-                os.pwrite(fd, packed, at)
-            else:
-                os.pwrite(fd, packed, info.header_offset + 14)
-        pos += 46 + name_len + extra_len + comment_len

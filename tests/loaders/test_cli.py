@@ -83,3 +83,23 @@ def test_verify_command_fails_on_a_broken_checkpoint(tmp_path, hf_checkpoint, ca
     assert main(["verify", "--load-dir", out, "--source-dir", hf]) == 1
     out_text = capsys.readouterr().out
     assert "verify FAILED" in out_text and "differ from the source" in out_text and shard in out_text
+
+
+def test_hf_to_mg_never_imports_torch(tmp_path, hf_checkpoint):
+    """Same-dtype hf -> mg moves bytes only: torch (seconds and ~220 MB to import) stays out of the process."""
+    import json
+    import subprocess
+    import sys
+
+    from loaders_tiny import child_env
+
+    hf, _ = hf_checkpoint("qwen3")
+    code = ("import json, sys\n"
+            "from ascend_patch.cli import main\n"
+            f"rc = main(['convert', '--load-dir', {hf!r}, '--save-dir', {str(tmp_path / 'mg')!r},"
+            " '--target-tensor-parallel-size', '2', '--no-progress'])\n"
+            "print(json.dumps({'rc': rc, 'torch': 'torch' in sys.modules}))\n")
+    out = subprocess.run([sys.executable, "-c", code], env=child_env(ASCEND_PATCH="0"), capture_output=True,
+                         text=True, check=True).stdout
+    assert json.loads(out.strip().splitlines()[-1]) == {"rc": 0, "torch": False}
+    assert os.path.isfile(tmp_path / "mg" / "iter_0000001" / "mp_rank_01" / "model_optim_rng.pt")

@@ -11,8 +11,10 @@ import torch
 
 from ascend_patch.loaders.blocks import BlockFiller, CorruptCheckpoint
 from ascend_patch.loaders.safetensors_io import SafetensorsWriter, read_safetensors_index
-from ascend_patch.loaders.torch_io import (Slot, TorchCheckpointWriter, UnsafeCheckpoint,
-                                           safe_load, tensor_infos)
+from ascend_patch.loaders import torch_zip
+from ascend_patch.loaders.blocks import raw_to_torch
+from ascend_patch.loaders.torch_io import UnsafeCheckpoint, safe_load, tensor_infos
+from ascend_patch.loaders.torch_zip import TORCH_DTYPES, Slot, TorchZipWriter
 
 
 def _write_all(writer, tensors):
@@ -35,7 +37,7 @@ def test_safetensors_writer_is_read_by_safetensors(tmp_path):
     assert set(back) == set(tensors) and all(torch.equal(back[k], tensors[k]) for k in tensors)
     infos, meta = read_safetensors_index(path)
     assert meta == {"format": "pt"} and infos["a"].shape == (7, 5)
-    assert torch.equal(BlockFiller(infos).read_rows("a", 2, 6), tensors["a"][2:6])
+    assert torch.equal(raw_to_torch(BlockFiller(infos).read_rows("a", 2, 6), "float32"), tensors["a"][2:6])
 
 
 def test_truncated_safetensors_names_the_file(tmp_path):
@@ -54,22 +56,37 @@ def test_truncated_safetensors_names_the_file(tmp_path):
         read_safetensors_index(path)
 
 
-def test_torch_writer_output_loads_with_torch_and_passes_zip_crc(tmp_path):
+@pytest.mark.parametrize("crc", [True, False])
+@pytest.mark.parametrize("zip64", [False, True])
+def test_torch_zip_writer_output_loads_with_torch(tmp_path, monkeypatch, crc, zip64):
+    """Written without torch; read by torch.load (weights_only, plain and mmap) and by zipfile."""
+    if zip64:  # exercise the >4 GiB records and offsets on a small file
+        monkeypatch.setattr(torch_zip, "ZIP64_LIMIT", 600)
     tensors = {"model/w": torch.randn(33, 17), "model/b": torch.randn(5).to(torch.bfloat16)}
-    skeleton = {"args": argparse.Namespace(num_layers=2), "checkpoint_version": 3.0, "iteration": 1,
+    skeleton = {"args": argparse.Namespace(num_layers=2, params_dtype=TORCH_DTYPES["bfloat16"]),
+                "checkpoint_version": 3.0, "iteration": 1,
                 "model": {"w": Slot("model/w", (33, 17), "float32"), "w._extra_state": None,
                           "b": Slot("model/b", (5,), "bfloat16")}}
     path = str(tmp_path / "model_optim_rng.pt")
-    _write_all(TorchCheckpointWriter(path, skeleton), tensors)
-    with torch.serialization.safe_globals([argparse.Namespace]):
-        state = torch.load(path, weights_only=True)
-    assert state["args"].num_layers == 2 and state["checkpoint_version"] == 3.0
-    assert torch.equal(state["model"]["w"], tensors["model/w"]) and torch.equal(state["model"]["b"], tensors["model/b"])
-    assert state["model"]["w._extra_state"] is None
-    assert zipfile.ZipFile(path).testzip() is None  # every CRC-32 is right
-    meta = safe_load(path)
-    infos = dict(tensor_infos(meta["model"], path))
-    assert torch.equal(BlockFiller({"w": infos["w"]}).read_rows("w", 10, 20), tensors["model/w"][10:20])
+    _write_all(TorchZipWriter(path, skeleton, crc=crc), tensors)
+    for mmap in (False, True):
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            state = torch.load(path, weights_only=True, mmap=mmap)
+        assert state["args"].num_layers == 2 and state["args"].params_dtype is torch.bfloat16
+        assert state["checkpoint_version"] == 3.0 and state["iteration"] == 1
+        assert torch.equal(state["model"]["w"], tensors["model/w"])
+        assert torch.equal(state["model"]["b"], tensors["model/b"])
+        assert state["model"]["w._extra_state"] is None
+    with zipfile.ZipFile(path) as zf:
+        names = zf.namelist()
+        assert names[0] == "archive/data.pkl" and "archive/version" in names
+        if crc:
+            assert zf.testzip() is None  # every CRC-32 is right
+        if zip64:
+            assert all(i.header_offset > 600 for i in zf.infolist()[-2:])
+    infos = dict(tensor_infos(safe_load(path)["model"], path))
+    got = BlockFiller({"w": infos["w"]}).read_rows("w", 10, 20)
+    assert torch.equal(raw_to_torch(got, "float32"), tensors["model/w"][10:20])
 
 
 def test_strided_tensor_inside_a_larger_storage(tmp_path):
@@ -78,8 +95,8 @@ def test_strided_tensor_inside_a_larger_storage(tmp_path):
     torch.save({"t": base[:, 2:6], "u": base.t()}, path)
     infos = dict(tensor_infos(safe_load(path), path))
     filler = BlockFiller(infos)
-    assert torch.equal(filler.read_rows("t", 1, 4), base[1:4, 2:6])
-    assert torch.equal(filler.read_rows("u", 0, 8), base.t())
+    assert torch.equal(raw_to_torch(filler.read_rows("t", 1, 4), "float32"), base[1:4, 2:6])
+    assert torch.equal(raw_to_torch(filler.read_rows("u", 0, 8), "float32"), base.t())
 
 
 class _RunsCode:

@@ -38,9 +38,11 @@ def _memory(tensors):
 
 
 def _materialise(plan: TensorPlan, tensors) -> torch.Tensor:
-    out = torch.empty(plan.shape)
-    BlockFiller(_memory(tensors)).fill(plan, 0, plan.shape[0], out)
-    return out
+    import numpy as np
+
+    out = np.empty(plan.shape, dtype=np.uint32)  # raw float32 bits
+    BlockFiller(_memory(tensors)).fill(plan, 0, plan.shape[0], out, "float32")
+    return torch.from_numpy(out.view(np.float32))
 
 
 def _chunk(wm, layout, t, p, v=0, naming="local", padded=None):
