@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 
-import pytest
-
 from ascend_patch.cli import main
 from loaders_tiny import hf_state
 

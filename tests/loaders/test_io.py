@@ -153,3 +153,30 @@ def test_truncated_pt_names_the_file(tmp_path):
         f.write(data[: len(data) // 2])
     with pytest.raises(CorruptCheckpoint, match=r"model_optim_rng\.pt"):
         safe_load(path)
+
+
+def test_conversions_refuse_corrupt_and_hostile_inputs(tmp_path):
+    """Through the converter: a truncated shard and a code-running rank file, each named in the error."""
+    import shutil
+
+    from ascend_patch.loaders.engine import convert
+    from ascend_patch.loaders.formats import ConvertOptions
+    from loaders_tiny import make_model, save_model
+
+    hf = save_model(make_model("llama"), str(tmp_path / "hf"), max_shard_size="100KB")
+    mg = str(tmp_path / "mg")
+    convert(hf, mg, "hf", "mg", ConvertOptions(target_tp=2))
+    broken = tmp_path / "broken"
+    shutil.copytree(hf, broken)
+    shard = sorted(p for p in os.listdir(broken) if p.endswith(".safetensors"))[1]
+    data = (broken / shard).read_bytes()
+    (broken / shard).write_bytes(data[: len(data) - 4096])
+    with pytest.raises(CorruptCheckpoint, match=shard):
+        convert(str(broken), str(tmp_path / "out1"), "hf", "mg", ConvertOptions())
+    marker = tmp_path / "pwned"
+    rank = os.path.join(mg, "iter_0000001", "mp_rank_01", "model_optim_rng.pt")
+    torch.save({"model": {}, "args": _RunsCode(str(marker))}, rank)
+    with pytest.raises(UnsafeCheckpoint, match="mp_rank_01"):
+        convert(mg, str(tmp_path / "out2"), "mg", "hf", ConvertOptions())
+    assert not marker.exists()
+    assert not os.path.exists(tmp_path / "out1") and not os.path.exists(tmp_path / "out2")

@@ -25,6 +25,7 @@ TOL = 1e-4
 
 CASES = [(family, tp, pp, 1) for family in ("qwen3", "llama", "qwen2") for tp, pp in ((1, 1), (2, 1), (1, 2), (2, 2))]
 CASES += [("qwen3", 1, 2, 2), ("llama", 2, 2, 2)]  # virtual pipeline: 4 layers -> 1 per chunk
+CASES += [("mistral", 2, 2, 1)]  # Mistral-style llama variant
 CASES += [("qwen2", 1, 2, 1, "mg-mg")]  # re-sharded mg(TP2,PP2) -> mg(TP1,PP2), never through HF
 
 

@@ -106,3 +106,15 @@ def test_hf_output_key_set_is_checked_against_transformers(tmp_path, converted):
     save_file(state, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
     report = verify(out, mg, check_keys=True)
     assert "keys-missing" in [p.code for p in report.problems]
+
+
+def test_te_naming_output_verifies(tmp_path, hf_checkpoint):
+    """TE key names (norms folded into linear_qkv / linear_fc1, core_attention extra state) pass the key check."""
+    hf, _ = hf_checkpoint("qwen3")
+    result = convert(hf, str(tmp_path / "te"), "hf", "mg", ConvertOptions(target_tp=2, naming="te", verify=True))
+    assert result.verify.ok, result.verify.summary()
+    with torch.serialization.safe_globals([argparse.Namespace]):
+        state = torch.load(_rank_file(str(tmp_path / "te"), "mp_rank_00"), weights_only=True)
+    assert state["args"].transformer_impl == "transformer_engine"
+    assert "decoder.layers.0.self_attention.linear_qkv.layer_norm_weight" in state["model"]
+    assert "decoder.layers.0.self_attention.core_attention._extra_state" in state["model"]
