@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..models.weightmap import ParallelLayout, Piece, TensorPlan, WeightMap
+from ..models.weightmap import ShardLayout, Piece, TensorPlan, WeightMap
 
 if TYPE_CHECKING:
     import torch
@@ -101,7 +101,7 @@ class SourceCheckpoint:
     dtype: str
     hf_config: dict[str, Any]
     generation_config: dict[str, Any] | None = None
-    layout: ParallelLayout | None = None
+    layout: ShardLayout | None = None
     naming: str | None = None
     padded_vocab: int | None = None
     make_vocab_size_divisible_by: int | None = None
@@ -157,7 +157,7 @@ class TargetPlan:
     files: list[TargetFile]
     side_files: dict[str, bytes] = field(default_factory=dict)
     commit_files: dict[str, bytes] = field(default_factory=dict)
-    layout: ParallelLayout | None = None
+    layout: ShardLayout | None = None
     naming: str | None = None
     padded_vocab: int | None = None
     description: str = ""

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..models.vocab import padded_vocab_size
-from ..models.weightmap import ExtraState, LayoutError, ParallelLayout, TensorPlan, coverage_gaps, invert
+from ..models.weightmap import ExtraState, LayoutError, ShardLayout, TensorPlan, coverage_gaps, invert
 from .blocks import CorruptCheckpoint, dtype_name
 from .formats import CheckpointLoader, CheckpointSaver, ConvertOptions, SourceCheckpoint, TargetFile, TargetPlan
 from .megatron_args import build_args, config_from_args
@@ -114,7 +114,7 @@ class MegatronLoader(CheckpointLoader):
         for v in range(vpp):
             for p in range(pp):
                 counts.append(_layers_in(states[(0, p)][chunks[v]].keys()))
-        layout = ParallelLayout(tp, pp, vpp, tuple(counts))
+        layout = ShardLayout(tp, pp, vpp, tuple(counts))
         for name, value in (("tensor_model_parallel_size", tp), ("pipeline_model_parallel_size", pp)):
             stated = getattr(args, name, None)
             if stated is not None and int(stated) != value:
@@ -236,7 +236,7 @@ class MegatronSaver(CheckpointSaver):
             problems.append(Problem("naming", f"unknown key naming {options.naming!r}", "use local or transformer_engine"))
         if problems:
             return TargetPlan(files=[], problems=problems)
-        layout = ParallelLayout.build(cfg.num_layers, tp, pp, vpp, options.num_layer_list)
+        layout = ShardLayout.build(cfg.num_layers, tp, pp, vpp, options.num_layer_list)
         padded = padded_vocab_size(cfg.vocab_size, options.make_vocab_size_divisible_by, tp)
         dtype = dtype_name(options.params_dtype) if options.params_dtype else source.dtype
         iteration: int | str = options.iteration if options.iteration is not None else (

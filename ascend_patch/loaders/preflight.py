@@ -1,9 +1,10 @@
 """Preflight: every inconsistency found before any byte is written, each with numbers and a remedy.
 
 The checks are public functions returning :class:`Problem` lists so the converter can
-report all of them at once (and so ``comm/topology.py`` can share them later):
-``28 layers cannot be split over 8 pipeline stages; valid sizes: 1, 2, 4, 7, 14, 28,
-or pass --num-layer-list``.
+report all of them at once. Parallel sizes are judged by ``comm.preflight`` (the same
+rules ``ascend-patch check`` and training use), with the converter's flag names:
+``28 layers cannot be split over 8 pipeline stages; use --target-pipeline-parallel-size
+1, 2, 4, 7, 14 or 28, or give --num-layer-list``.
 """
 
 from __future__ import annotations
@@ -11,15 +12,24 @@ from __future__ import annotations
 import math
 import os
 import shutil
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
+
+from ..comm.preflight import (
+    CONVERT_FLAGS,
+    divisors,
+    format_choices,
+    ParallelConfigError,
+    check_ffn_hidden_size,
+    check_heads,
+    check_layers,
+    check_query_groups,
+)
 
 __all__ = [
     "Problem",
     "PreflightError",
-    "divisors",
-    "valid_pipeline_sizes",
-    "valid_tensor_sizes",
     "check_pipeline_split",
     "check_tensor_split",
     "check_vocab",
@@ -56,75 +66,39 @@ class PreflightError(ValueError):
         return [p.code for p in self.problems]
 
 
-def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0] if n > 0 else []
-
-
-def _join(sizes: Iterable[int]) -> str:
-    items = [str(s) for s in sizes]
-    return ", ".join(items[:-1]) + (" or " if len(items) > 1 else "") + items[-1] if items else "none"
-
-
-def valid_pipeline_sizes(num_layers: int, vpp: int = 1) -> list[int]:
-    """Pipeline sizes that split ``num_layers`` evenly (into ``vpp`` chunks per stage)."""
-    return [p for p in divisors(num_layers) if num_layers % (p * vpp) == 0]
-
-
-def valid_tensor_sizes(heads: int, groups: int, ffn: int | None = None) -> list[int]:
-    """TP sizes megatron-core 0.16 accepts: dividing the heads, the query groups (and the MLP)."""
-    g = math.gcd(heads, groups)
-    if ffn:
-        g = math.gcd(g, ffn)
-    return divisors(g)
+def _problems(checks: Sequence[tuple[str, Callable[[], Any]]]) -> list[Problem]:
+    """Run parallel-size checks (comm.preflight, shared with training), each failure a Problem."""
+    problems = []
+    for code, check in checks:
+        try:
+            check()
+        except ParallelConfigError as exc:
+            problems.append(Problem(code if exc.code != "layer-list" else "layer-list", str(exc)))
+    return problems
 
 
 def check_pipeline_split(num_layers: int, pp: int, vpp: int = 1,
                          num_layer_list: Sequence[int] | None = None) -> list[Problem]:
     """Layers against pipeline stages (and virtual chunks, or an explicit per-stage list)."""
-    if pp < 1 or vpp < 1:
-        return [Problem("pp-size", f"pipeline size {pp} and virtual pipeline size {vpp} must be >= 1")]
-    if num_layer_list:
-        counts = list(num_layer_list)
-        problems = []
-        if vpp > 1:
-            problems.append(Problem("layer-list-vpp", "--num-layer-list cannot be combined with a virtual "
-                                    f"pipeline size of {vpp}", "drop one of them"))
-        if len(counts) != pp:
-            problems.append(Problem("layer-list-length", f"--num-layer-list {','.join(map(str, counts))} has "
-                                    f"{len(counts)} entries for {pp} pipeline stages", f"give {pp} counts"))
-        if sum(counts) != num_layers or (counts and min(counts) < 1):
-            problems.append(Problem("layer-list-sum", f"--num-layer-list {','.join(map(str, counts))} sums to "
-                                    f"{sum(counts)} but the model has {num_layers} layers",
-                                    f"give {len(counts)} positive counts summing to {num_layers}"))
-        return problems
-    if num_layers % (pp * vpp) == 0:
-        return []
-    if vpp > 1:
-        sizes = valid_pipeline_sizes(num_layers, vpp)
-        return [Problem("layers-vs-pp", f"{num_layers} layers cannot be split over {pp} pipeline stages x {vpp} "
-                        "virtual chunks", f"valid pipeline sizes with {vpp} chunks: {_join(sizes)}; or change "
-                        "--virtual-pipeline-parallel-size")]
-    return [Problem("layers-vs-pp", f"{num_layers} layers cannot be split over {pp} pipeline stages",
-                    f"valid sizes: {_join(valid_pipeline_sizes(num_layers))}, or pass --num-layer-list")]
+    return _problems([("layers-vs-pp",
+                       lambda: check_layers(num_layers, pp, vpp, num_layer_list or None, flags=CONVERT_FLAGS))])
 
 
 def check_tensor_split(heads: int, groups: int, ffn: int, tp: int) -> list[Problem]:
-    """Attention heads, query groups and the MLP width against the tensor-parallel size."""
-    if tp < 1:
-        return [Problem("tp-size", f"tensor-parallel size {tp} must be >= 1")]
-    valid = _join(valid_tensor_sizes(heads, groups, ffn))
-    problems = []
-    if heads % tp:
-        problems.append(Problem("heads-vs-tp", f"{heads} attention heads cannot be split over {tp} tensor-parallel "
-                                "ranks", f"valid sizes: {valid}"))
-    if groups % tp:
-        extra = " (megatron-core 0.16 needs num_query_groups % TP == 0; replicating KV heads is not done)" \
-            if groups < tp else ""
-        problems.append(Problem("groups-vs-tp", f"{groups} query groups (key/value heads) cannot be split over {tp} "
-                                f"tensor-parallel ranks{extra}", f"valid sizes: {valid}"))
-    if ffn % tp:
-        problems.append(Problem("ffn-vs-tp", f"ffn_hidden_size {ffn} cannot be split over {tp} tensor-parallel ranks",
-                                f"valid sizes: {valid}"))
+    """Attention heads, query groups and the MLP width against the tensor-parallel size.
+
+    The legacy checkpoint layout stores each rank's own KV heads, so KV heads are not
+    replicated: TP must divide the query groups.
+    """
+    problems = _problems([
+        ("heads-vs-tp", lambda: check_heads(heads, tp, flags=CONVERT_FLAGS)),
+        ("groups-vs-tp", lambda: check_query_groups(groups, tp, allow_replication=False, flags=CONVERT_FLAGS)),
+        ("ffn-vs-tp", lambda: check_ffn_hidden_size(ffn, tp, flags=CONVERT_FLAGS)),
+    ])
+    if problems:  # each message lists sizes for its own rule; say which satisfy all of them
+        joint = divisors(math.gcd(math.gcd(heads, groups), ffn))
+        problems[0] = Problem(problems[0].code, problems[0].message,
+                              f"sizes that fit the heads, query groups and FFN together: {format_choices(joint)}")
     return problems
 
 

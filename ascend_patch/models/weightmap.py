@@ -3,7 +3,7 @@
 A family's ``weights.py`` lists *rules* (``Replicated``, ``ColumnParallel``,
 ``RowParallel``, ``QKV``, ``GatedMLP``, ``VocabParallel``), each naming the Hugging
 Face tensor(s), their shape, and the megatron-core key. Given a
-:class:`ParallelLayout` (TP, PP, virtual pipeline chunks, layers per chunk) the map
+:class:`ShardLayout` (TP, PP, virtual pipeline chunks, layers per chunk) the map
 answers, for every Megatron rank, which tensors that rank holds and how each is
 assembled from rectangular *pieces* of the HF tensors. Inverting and composing
 pieces gives mg -> hf and mg -> mg without a second description, and lets the
@@ -24,7 +24,7 @@ __all__ = [
     "Piece",
     "TensorPlan",
     "ExtraState",
-    "ParallelLayout",
+    "ShardLayout",
     "LayoutError",
     "Rule",
     "Replicated",
@@ -270,7 +270,7 @@ class VocabParallel(Rule):
 
 
 @dataclass(frozen=True)
-class ParallelLayout:
+class ShardLayout:
     """How layers sit on ranks: ``layer_counts`` per model chunk in global order.
 
     Chunks are ordered virtual-stage-major: (v=0, p=0), (v=0, p=1), ..., (v=1, p=0), ...
@@ -291,23 +291,17 @@ class ParallelLayout:
 
     @classmethod
     def build(cls, num_layers: int, tp: int = 1, pp: int = 1, vpp: int = 1,
-              num_layer_list: Sequence[int] | None = None) -> ParallelLayout:
+              num_layer_list: Sequence[int] | None = None) -> ShardLayout:
         """Even placement, or ``num_layer_list`` (one count per pipeline stage, no virtual chunks)."""
-        if num_layer_list:
-            counts = tuple(int(c) for c in num_layer_list)
-            if vpp != 1:
-                raise LayoutError("--num-layer-list cannot be combined with a virtual pipeline size > 1")
-            if len(counts) != pp:
-                raise LayoutError(f"--num-layer-list has {len(counts)} entries for {pp} pipeline stages")
-            if sum(counts) != num_layers or min(counts) < 1:
-                raise LayoutError(f"--num-layer-list {','.join(map(str, counts))} sums to {sum(counts)}, "
-                                  f"the model has {num_layers} layers (each stage needs at least 1)")
-            return cls(tp, pp, 1, counts)
-        chunks = pp * vpp
-        if num_layers % chunks:
-            raise LayoutError(f"{num_layers} layers cannot be split over {pp} pipeline stages x {vpp} "
-                              "virtual chunks")
-        return cls(tp, pp, vpp, (num_layers // chunks,) * chunks)
+        from ..comm.preflight import CONVERT_FLAGS, ParallelConfigError, check_layers
+
+        try:
+            stages = check_layers(num_layers, pp, vpp, num_layer_list, flags=CONVERT_FLAGS)
+        except ParallelConfigError as exc:
+            raise LayoutError(str(exc)) from None
+        if vpp > 1:
+            return cls(tp, pp, vpp, (num_layers // (pp * vpp),) * (pp * vpp))
+        return cls(tp, pp, 1, tuple(stages))
 
     @property
     def num_layers(self) -> int:
@@ -380,7 +374,7 @@ class WeightMap:
         return out
 
     # -- the Megatron side --------------------------------------------------------------------
-    def megatron_chunk(self, layout: ParallelLayout, tp_rank: int, pp_rank: int, vp: int = 0,
+    def megatron_chunk(self, layout: ShardLayout, tp_rank: int, pp_rank: int, vp: int = 0,
                        naming: str = "local", padded_vocab: int | None = None) -> list[TensorPlan | ExtraState]:
         """The state dict of one model chunk on one rank, in megatron-core's key order."""
         if naming not in NAMINGS:
@@ -418,7 +412,7 @@ class WeightMap:
                 entries.append(ExtraState(f"{self.output_extra_state}._extra_state"))
         return entries
 
-    def megatron_ranks(self, layout: ParallelLayout, naming: str = "local",
+    def megatron_ranks(self, layout: ShardLayout, naming: str = "local",
                        padded_vocab: int | None = None) -> dict[tuple[int, int], list[list[TensorPlan | ExtraState]]]:
         """(tp_rank, pp_rank) -> one entry list per virtual chunk."""
         return {(t, p): [self.megatron_chunk(layout, t, p, v, naming, padded_vocab) for v in range(layout.vpp)]

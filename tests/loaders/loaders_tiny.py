@@ -6,18 +6,7 @@ import json
 import os
 from typing import Any
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def child_env(**extra: str) -> dict[str, str]:
-    """Environment for a child process, by the rules of tests/conftest.py's child_env.
-
-    (tests/loaders/conftest.py shadows the root conftest module's name, so it is not importable here.)
-    """
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ASCEND_PATCH")}
-    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
-    env.update(extra)
-    return env
+from helpers import REPO, child_env  # noqa: F401  (re-exported for the converter tests)
 
 
 COMMON = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,

@@ -52,7 +52,7 @@ def test_errors_are_clear_and_exit_2(tmp_path, hf_checkpoint, capsys):
     assert main(["convert", "--load-dir", hf, "--save-dir", str(tmp_path / "x"),
                  "--target-pipeline-parallel-size", "3"]) == 2
     err = capsys.readouterr().err
-    assert "4 layers cannot be split over 3 pipeline stages; valid sizes: 1, 2 or 4, or pass --num-layer-list" in err
+    assert "4 layers cannot be split over 3 pipeline stages; use --target-pipeline-parallel-size 1, 2 or 4, or give --num-layer-list" in err
     assert not os.path.exists(tmp_path / "x")
     assert main(["convert", "--load-dir", hf, "--save-dir", str(tmp_path / "x"), "--model-type", "BERT"]) == 2
 

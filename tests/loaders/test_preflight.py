@@ -10,36 +10,41 @@ import pytest
 
 from ascend_patch.loaders.engine import convert
 from ascend_patch.loaders.preflight import (PreflightError, check_dtype, check_pipeline_split, check_tensor_split,
-                                            check_vocab, valid_pipeline_sizes, valid_tensor_sizes)
+                                            check_vocab)
 
 
 def test_layers_vs_pipeline_message_lists_valid_sizes():
     (p,) = check_pipeline_split(28, 8)
     assert p.code == "layers-vs-pp"
-    assert str(p) == ("28 layers cannot be split over 8 pipeline stages; valid sizes: 1, 2, 4, 7, 14 or 28, "
-                      "or pass --num-layer-list")
-    assert valid_pipeline_sizes(28) == [1, 2, 4, 7, 14, 28]
+    assert str(p) == ("28 layers cannot be split over 8 pipeline stages; use --target-pipeline-parallel-size "
+                      "1, 2, 4, 7, 14 or 28, or give --num-layer-list")
     assert check_pipeline_split(28, 8, num_layer_list=[4, 4, 4, 4, 3, 3, 3, 3]) == []
     (v,) = check_pipeline_split(28, 2, vpp=4)
-    assert "2 pipeline stages x 4 virtual chunks" in str(v) and "1 or 7" in str(v)
+    assert "2 pipeline stages x 4 virtual stages = 8 chunks" in str(v)
+    assert "--virtual-pipeline-parallel-size 2, 7 or 14" in str(v)
 
 
 def test_layer_list_errors():
-    codes = {p.code for p in check_pipeline_split(8, 3, num_layer_list=[4, 3])}
-    assert codes == {"layer-list-length", "layer-list-sum"}
+    (p,) = check_pipeline_split(8, 3, num_layer_list=[4, 3])
+    assert p.code == "layer-list" and "has 2 entries but there are 3 pipeline stages" in str(p)
+    (p,) = check_pipeline_split(8, 2, num_layer_list=[4, 3])
+    assert "sums to 7 but the model has 8 layers" in str(p)
     (p,) = check_pipeline_split(8, 2, vpp=2, num_layer_list=[4, 4])
-    assert p.code == "layer-list-vpp"
+    assert p.code == "layer-list" and "cannot be combined with virtual pipeline stages" in str(p)
 
 
 def test_heads_groups_and_mlp_vs_tensor_parallel():
     problems = check_tensor_split(heads=12, groups=4, ffn=96, tp=8)
     assert [p.code for p in problems] == ["heads-vs-tp", "groups-vs-tp"]
-    assert "12 attention heads cannot be split over 8 tensor-parallel ranks; valid sizes: 1, 2 or 4" == str(problems[0])
+    assert str(problems[0]) == ("12 attention heads cannot be split over 8 tensor-parallel ranks; use "
+                                "--target-tensor-parallel-size 1, 2, 3, 4, 6 or 12; sizes that fit the heads, "
+                                "query groups and FFN together: 1, 2 or 4")
     (mqa,) = check_tensor_split(heads=8, groups=1, ffn=64, tp=2)
-    assert mqa.code == "groups-vs-tp" and "num_query_groups % TP" in str(mqa) and "valid sizes: 1" in str(mqa)
+    assert mqa.code == "groups-vs-tp" and "KV heads cannot be replicated" in str(mqa)
+    assert str(mqa).endswith("together: 1")
     (ffn,) = check_tensor_split(heads=8, groups=8, ffn=100, tp=8)
-    assert ffn.code == "ffn-vs-tp" and "valid sizes: 1, 2 or 4" in str(ffn)
-    assert valid_tensor_sizes(16, 8, 3072) == [1, 2, 4, 8]
+    assert ffn.code == "ffn-vs-tp" and "FFN hidden size 100 cannot be split over 8" in str(ffn)
+    assert str(ffn).endswith("together: 1, 2 or 4")
 
 
 def test_vocab_and_dtype_checks():
@@ -68,7 +73,7 @@ def test_all_problems_are_reported_together_before_any_work(tmp_path, hf_checkpo
     codes = err.codes()
     for code in ("output-not-empty", "model-type-mismatch", "unexpected-tensors", "layers-vs-pp", "groups-vs-tp"):
         assert code in codes, (code, str(err))
-    assert "4 layers cannot be split over 3 pipeline stages; valid sizes: 1, 2 or 4" in str(err)
+    assert "4 layers cannot be split over 3 pipeline stages; use --target-pipeline-parallel-size 1, 2 or 4" in str(err)
     assert "--force" in str(err)
     assert os.listdir(busy) == ["old.txt"]
     assert not [e for e in os.listdir(tmp_path) if e.startswith(".ascend_patch-partial")]
