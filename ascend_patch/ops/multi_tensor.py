@@ -267,9 +267,9 @@ def sgd_update(grads: Sequence[Tensor], weights: Sequence[Tensor], momentums: Se
     if not weights:
         return
     w = [t if t.dtype == torch.float32 else t.float() for t in weights]
-    g = [t.float() for t in grads]
+    g = [t.float() for t in grads]  # the caller's tensors when already fp32: never modified in place
     if scale != 1.0:
-        torch._foreach_mul_(g, scale)
+        g = torch._foreach_mul(g, scale)
     if wd and not wd_after_momentum:
         g = torch._foreach_add(g, w, alpha=wd)
     mom: list[Tensor] = []

@@ -165,30 +165,44 @@ def layer_norm(x: Tensor, normalized_shape: Shape, weight: Tensor | None = None,
                         None if bias is None else bias.to(c), eps).to(out_dtype)
 
 
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _ln_params(x: Tensor, shape: tuple[int, ...], weight: Tensor | None,
+               bias: Tensor | None) -> tuple[Tensor, Tensor]:
+    """Weight and bias for the native kernel: fp32 for half inputs, so its statistics are fp32 like apex's."""
+    dt = torch.float32 if x.dtype in _HALF else x.dtype
+    w = weight.to(dt) if weight is not None else torch.ones(shape, dtype=dt, device=x.device)
+    b = bias.to(dt) if bias is not None else torch.zeros(shape, dtype=dt, device=x.device)
+    return w, b
+
+
 def _ln_forward(x: Tensor, shape: tuple[int, ...], weight: Tensor | None, bias: Tensor | None, eps: float,
                 out_dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
     if out_dtype != x.dtype:
         x = x.to(out_dtype)
-    out, mean, rstd = torch.ops.aten.native_layer_norm(x, list(shape), weight, bias, eps)
+    w, b = _ln_params(x, shape, weight, bias)
+    out, mean, rstd = torch.ops.aten.native_layer_norm(x, list(shape), w, b, eps)
     return out, mean.float(), rstd.float()
 
 
 def _ln_backward(dout: Tensor, x_or_y: Tensor, mean: Tensor | None, rstd: Tensor, shape: tuple[int, ...],
                  weight: Tensor | None, bias: Tensor | None, memory_efficient: bool,
                  mask: tuple[bool, bool, bool]) -> tuple[Tensor | None, ...]:
-    rstd_v = _stats_view(x_or_y, shape, rstd.reshape(-1)).to(torch.float32)
+    w, b = _ln_params(x_or_y, shape, weight, bias)
+    stats_dt = w.dtype
+    rstd_v = _stats_view(x_or_y, shape, rstd.reshape(-1)).to(stats_dt)
     if memory_efficient:
-        # rebuild x - mean from the output: (y - beta) / gamma / rstd, and call it "input" with mean 0
-        y = x_or_y.float()
-        if bias is not None:
-            y = y - bias.float()
-        if weight is not None:
-            y = y / weight.float()
+        # rebuild x - mean from the output, (y - beta) / gamma / rstd, and pass it with mean 0
+        y = (x_or_y.to(stats_dt) - b) / w
         x, mean_v = (y / rstd_v).to(x_or_y.dtype), torch.zeros_like(rstd_v)
     else:
-        x, mean_v = x_or_y, _stats_view(x_or_y, shape, mean.reshape(-1)).to(torch.float32)
-    return torch.ops.aten.native_layer_norm_backward(dout.contiguous(), x, list(shape), mean_v, rstd_v,
-                                                     weight, bias, list(mask))
+        x, mean_v = x_or_y, _stats_view(x_or_y, shape, mean.reshape(-1)).to(stats_dt)
+    need = (mask[0], mask[1] and weight is not None, mask[2] and bias is not None)
+    dx, dw, db = torch.ops.aten.native_layer_norm_backward(dout.to(x.dtype).contiguous(), x, list(shape), mean_v,
+                                                           rstd_v, w, b, list(need))
+    return (dx, None if dw is None or weight is None else dw.to(weight.dtype),
+            None if db is None or bias is None else db.to(bias.dtype))
 
 
 # -- apex's autograd functions --------------------------------------------------------------
