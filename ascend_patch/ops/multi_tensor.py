@@ -87,10 +87,8 @@ def _set_flag(noop_flag: Tensor, bad: Tensor) -> None:
 
 
 def _any_nonfinite(tensors: Sequence[Tensor]) -> Tensor:
-    # the inf-norm is max|x|: non-finite exactly when an element is inf or nan, and it
-    # cannot overflow the way a sum of squares could
-    norms = torch._foreach_norm(list(tensors), math.inf)
-    return ~torch.isfinite(torch.stack([n.float() for n in norms])).all()
+    """A bool tensor: some element is inf or nan (no host sync)."""
+    return ~torch.stack([torch.isfinite(t).all() for t in tensors]).all()
 
 
 def _by_device(*lists: Sequence[Tensor]) -> dict[Any, list[list[Tensor]]]:
@@ -116,14 +114,18 @@ def multi_tensor_scale(chunk_size: int, noop_flag: Tensor, tensor_lists: list[li
             torch._amp_foreach_non_finite_check_and_unscale_(gin, found, inv)
             _set_flag(noop_flag, found > 0)
             continue
-        _set_flag(noop_flag, _any_nonfinite(gin))
-        if scale == 1.0:
+        if torch.promote_types(gin[0].dtype, gout[0].dtype) == gout[0].dtype and gout[0].is_floating_point():
+            # exact copy into the same or a wider dtype, then the fused check + scale on it: the check
+            # sees the input's values and the product is rounded once, in the out dtype
             torch._foreach_copy_(gout, gin)
-        elif torch.promote_types(gin[0].dtype, gout[0].dtype) == gout[0].dtype:
-            torch._foreach_copy_(gout, gin)  # exact widening, then one rounding in the out dtype
-            torch._foreach_mul_(gout, scale)
-        else:
-            torch._foreach_copy_(gout, torch._foreach_mul(gin, scale))  # scale, then narrow once
+            found = torch.zeros(1, dtype=torch.float32, device=device)
+            inv = torch.full((1,), float(scale), dtype=torch.float32, device=device)
+            torch._amp_foreach_non_finite_check_and_unscale_(gout, found, inv)
+            _set_flag(noop_flag, found > 0)
+            continue
+        # narrowing: check the input (a finite fp32 value may round to inf in fp16: apex does not flag it)
+        _set_flag(noop_flag, _any_nonfinite(gin))
+        torch._foreach_copy_(gout, gin if scale == 1.0 else torch._foreach_mul(gin, scale))
 
 
 def multi_tensor_l2norm(chunk_size: int, noop_flag: Tensor, tensor_lists: list[list[Tensor]],
@@ -161,13 +163,13 @@ def multi_tensor_axpby(chunk_size: int, noop_flag: Tensor, tensor_lists: list[li
 
 # -- Adam ---------------------------------------------------------------------------------
 
-_FUSED_BROKEN: set[tuple[str, bool]] = set()  # (device type, adamw) whose fused kernel is missing
+_FUSED_MISSING: set[tuple[str, Any]] = set()  # (device type, kernel) pairs the target has no fused kernel for
 
 
 def _fused_adam(work: list[Tensor], grads: list[Tensor], ms: list[Tensor], vs: list[Tensor], *, step: int,
                 lr: float, beta1: float, beta2: float, eps: float, weight_decay: float, adam_w_mode: bool) -> bool:
     key = (work[0].device.type, adam_w_mode)
-    if key in _FUSED_BROKEN:
+    if key in _FUSED_MISSING:
         return False
     fn = torch._fused_adamw_ if adam_w_mode else torch._fused_adam_
     steps = [torch.full((), float(step), dtype=torch.float32, device=work[0].device)] * len(work)
@@ -175,7 +177,7 @@ def _fused_adam(work: list[Tensor], grads: list[Tensor], ms: list[Tensor], vs: l
         fn(work, grads, ms, vs, [], steps, lr=float(lr), beta1=beta1, beta2=beta2,
            weight_decay=weight_decay, eps=eps, amsgrad=False, maximize=False)
     except NotImplementedError:
-        _FUSED_BROKEN.add(key)  # the target has no fused kernel for this device: use the foreach path
+        _FUSED_MISSING.add(key)  # the target has no fused kernel for this device: use the foreach path
         return False
     return True
 
@@ -258,36 +260,63 @@ def multi_tensor_adam(chunk_size: int, noop_flag: Tensor, tensor_lists: list[lis
 
 # -- SGD ----------------------------------------------------------------------------------
 
+def _fused_sgd(grads: list[Tensor], weights: list[Tensor], momentums: list[Tensor], *, wd: float, momentum: float,
+               dampening: float, lr: float, nesterov: bool, first_run: bool, scale: float) -> bool:
+    """torch's fused SGD kernel (apex's update when the decay comes before the momentum); False if unusable."""
+    same = all(g.dtype == w.dtype == m.dtype and g.device == w.device
+               for g, w, m in zip(grads, weights, momentums or weights))
+    key = (weights[0].device.type, "sgd")
+    # with grad_scale the kernel unscales the caller's grads in place: apex only reads them
+    if scale != 1.0 or not same or len({w.device for w in weights}) > 1 or key in _FUSED_MISSING:
+        return False
+    try:
+        torch._fused_sgd_(weights, grads, momentums if momentum else [], weight_decay=wd, momentum=momentum, lr=lr,
+                          dampening=dampening, nesterov=nesterov, maximize=False,
+                          is_first_step=bool(first_run and momentum), grad_scale=None, found_inf=None)
+    except NotImplementedError:
+        _FUSED_MISSING.add(key)
+        return False
+    return True
+
+
 @torch.no_grad()
 def sgd_update(grads: Sequence[Tensor], weights: Sequence[Tensor], momentums: Sequence[Tensor], *, wd: float,
                momentum: float, dampening: float, lr: float, nesterov: bool, first_run: bool,
                wd_after_momentum: bool, scale: float = 1.0,
                model_weights_out: Sequence[Tensor] | None = None) -> None:
-    """One apex FusedSGD step in fp32 math; ``first_run`` initialises the momentum to the gradient."""
+    """One apex FusedSGD step in fp32 math; ``first_run`` initialises the momentum to the gradient.
+
+    The caller's gradients are only read; weights and momentum buffers are updated in place.
+    """
     if not weights:
         return
+    weights, momentums = list(weights), list(momentums)
+    if not wd_after_momentum and model_weights_out is None and _fused_sgd(
+            list(grads), weights, momentums, wd=wd, momentum=momentum, dampening=dampening, lr=lr,
+            nesterov=nesterov, first_run=first_run, scale=scale):
+        return
     w = [t if t.dtype == torch.float32 else t.float() for t in weights]
-    g = [t.float() for t in grads]  # the caller's tensors when already fp32: never modified in place
+    d = [t if t.dtype == torch.float32 else t.float() for t in grads]
     if scale != 1.0:
-        g = torch._foreach_mul(g, scale)
+        d = torch._foreach_mul(d, scale)
     if wd and not wd_after_momentum:
-        g = torch._foreach_add(g, w, alpha=wd)
+        d = torch._foreach_add(d, w, alpha=wd)
     mom: list[Tensor] = []
     if momentum:
+        mom = [t if t.dtype == torch.float32 else t.float() for t in momentums]
         if first_run:
-            mom = [t.clone() for t in g]
+            torch._foreach_copy_(mom, d)
         else:
-            mom = [t.float() if t.dtype != torch.float32 else t for t in momentums]
             torch._foreach_mul_(mom, momentum)
-            torch._foreach_add_(mom, g, alpha=1 - dampening)
-        g = torch._foreach_add(g, mom, alpha=momentum) if nesterov else [t.clone() for t in mom]
+            torch._foreach_add_(mom, d, alpha=1 - dampening)
+        d = torch._foreach_add(d, mom, alpha=momentum) if nesterov else mom
     if wd and wd_after_momentum:
-        g = torch._foreach_add(g, w, alpha=wd)
-    torch._foreach_add_(w, g, alpha=-lr)
-    for dst, src in ((list(weights), w), (list(momentums) if momentum else [], mom)):
-        pairs = [(d, s) for d, s in zip(dst, src) if d is not s]
+        d = torch._foreach_add(d, w, alpha=wd)
+    torch._foreach_add_(w, d, alpha=-lr)
+    for dst, src in ((weights, w), (momentums if momentum else [], mom)):
+        pairs = [(a, b) for a, b in zip(dst, src) if a is not b]
         if pairs:
-            torch._foreach_copy_([d for d, _ in pairs], [s for _, s in pairs])
+            torch._foreach_copy_([a for a, _ in pairs], [b for _, b in pairs])
     if model_weights_out is not None:
         torch._foreach_copy_(list(model_weights_out), w)
 

@@ -212,6 +212,18 @@ class FusedLayerNormAffineFunction(torch.autograd.Function):
 
     _mixed = False
 
+    @classmethod
+    def apply(cls, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        """Plain full-precision calls go straight to torch's layer_norm (the same kernels, native backward)."""
+        if cls is FusedLayerNormAffineFunction and not kwargs and 5 <= len(args) <= 6:
+            input, weight, bias, shape, eps = args[:5]
+            efficient = len(args) == 6 and args[5]
+            if (not efficient and isinstance(input, Tensor) and isinstance(weight, Tensor)
+                    and isinstance(bias, Tensor) and input.dtype == weight.dtype == bias.dtype
+                    and input.dtype not in _HALF):
+                return F.layer_norm(input, _shape(shape), weight, bias, eps)
+        return super().apply(*args, **kwargs)
+
     @staticmethod
     def forward(ctx: Any, input: Tensor, weight: Tensor, bias: Tensor, normalized_shape: Shape, eps: float,
                 memory_efficient: bool = False) -> Tensor:
@@ -340,6 +352,8 @@ def fused_layer_norm_affine(input: Tensor, weight: Tensor, bias: Tensor, normali
                             eps: float = 1e-6, memory_efficient: bool = False) -> Tensor:
     """apex's function: affine layer norm, output in the input's dtype."""
     input, weight, bias = _autocast_args((input, weight, bias))
+    if not memory_efficient and input.dtype == weight.dtype == bias.dtype and input.dtype not in _HALF:
+        return F.layer_norm(input, _shape(normalized_shape), weight, bias, eps)  # the same kernels, no Python backward
     with torch.autocast(input.device.type, enabled=False):
         return FusedLayerNormAffineFunction.apply(input, weight, bias, normalized_shape, eps, memory_efficient)
 

@@ -140,12 +140,19 @@ def fused_rope_sbhd(t: Tensor, freqs: Tensor, interleaved: bool = False, *, back
     rot = t[..., :rd]
     kernel = backend.kernels.get("npu_rotary_mul") if backend is not None else None
     md = _math_dtype(t)
-    cos_, sin_ = torch.cos(freqs.to(md)), torch.sin(freqs.to(md))
     if kernel is not None and _npu_ok(t, rd, interleaved, freqs.dim() == 4 and freqs.shape[1] > 1):
+        cos_, sin_ = torch.cos(freqs.to(md)), torch.sin(freqs.to(md))
         out = kernel(rot, cos_.to(t.dtype), sin_.to(t.dtype), rotary_mode="interleave" if interleaved else "half")
     else:
         r = rot.to(md)
-        out = (r * cos_ + rotate_half(r, interleaved) * sin_).to(t.dtype)
+        first, second = (freqs[..., ::2], freqs[..., 1::2]) if interleaved else freqs.chunk(2, dim=-1)
+        if torch.equal(first, second):
+            # the usual table (each angle once per pair): rotate the pairs at half width
+            f = first.to(md)
+            out = _rotate_pairs(r, torch.cos(f), torch.sin(f), interleaved).to(t.dtype)
+        else:
+            f = freqs.to(md)
+            out = (r * torch.cos(f) + rotate_half(r, interleaved) * torch.sin(f)).to(t.dtype)
     return out if rd == t.shape[-1] else torch.cat((out, t[..., rd:]), dim=-1)
 
 

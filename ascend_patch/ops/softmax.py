@@ -31,6 +31,19 @@ def _kernel(backend: Any) -> Any:
     return backend.kernels.get("npu_scaled_masked_softmax") if backend is not None else None
 
 
+_TRIANGLES: dict[tuple[int, int, str], Tensor] = {}
+
+
+def _upper_triangle(sq: int, sk: int, device: torch.device) -> Tensor:
+    key = (sq, sk, str(device))
+    tri = _TRIANGLES.get(key)
+    if tri is None:
+        if len(_TRIANGLES) > 32:
+            _TRIANGLES.clear()
+        tri = _TRIANGLES[key] = torch.ones(sq, sk, dtype=torch.bool, device=device).triu(1)
+    return tri
+
+
 def npu_softmax_shape_ok(sq: int, sk: int) -> bool:
     """npu_scaled_masked_softmax's documented limits on the last two dims."""
     return all(32 <= n <= 4096 and n % 32 == 0 for n in (sq, sk))
@@ -40,8 +53,9 @@ def scaled_masked_softmax(x: Tensor, mask: Tensor | None, scale: float = 1.0, *,
                           backend: Any = None) -> Tensor:
     """``softmax(x * scale)`` over the last dim with ``mask`` (True = masked) and/or the causal triangle."""
     sq, sk = x.shape[-2], x.shape[-1]
+    can_be_empty = mask is not None  # a causal row always keeps its diagonal
     if causal:
-        tri = torch.ones(sq, sk, dtype=torch.bool, device=x.device).triu(1)
+        tri = _upper_triangle(sq, sk, x.device)
         mask = tri if mask is None else (mask.bool() | tri)
     kernel = _kernel(backend)
     if kernel is not None and x.dim() == 4 and npu_softmax_shape_ok(sq, sk):
@@ -49,16 +63,21 @@ def scaled_masked_softmax(x: Tensor, mask: Tensor | None, scale: float = 1.0, *,
         while m.dim() < 4:
             m = m.unsqueeze(0)
         return kernel(x, m, float(scale), False)
-    y = x.float()
+    if mask is not None:
+        mask = mask.bool()
     if scale != 1.0:
-        y = y * scale
-    if mask is None:
-        return torch.softmax(y, dim=-1).to(x.dtype)
-    mask = mask.bool()
-    probs = torch.softmax(y.masked_fill(mask, _MASK_VALUE), dim=-1)
-    empty = mask.all(-1, keepdim=True)
-    if bool(empty.any()):
-        probs = probs.masked_fill(empty, 0.0)  # the CUDA kernels write zeros for a fully masked row
+        y = x.float() * scale  # scale in fp32, as the kernels do
+        if mask is not None:
+            y.masked_fill_(mask, _MASK_VALUE)
+        probs = torch.softmax(y, dim=-1)
+    else:
+        # unscaled: mask in the input dtype (-10000 is exact in fp16/bf16) and let softmax upcast inside
+        y = x.masked_fill(mask, _MASK_VALUE) if mask is not None else x
+        probs = torch.softmax(y, dim=-1, dtype=torch.float32)
+    if can_be_empty:
+        empty = mask.all(-1, keepdim=True)
+        if bool(empty.any()):
+            probs = probs.masked_fill(empty, 0.0)  # the CUDA kernels write zeros for a fully masked row
     return probs.to(x.dtype)
 
 

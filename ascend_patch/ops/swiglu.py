@@ -40,26 +40,36 @@ class _BiasSwiGLUFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, input: Tensor, bias: Tensor | None, fp8_input_store: bool,
                 cpu_offload_input: bool) -> Tensor:
-        saved = input.to(torch.float8_e4m3fn) if fp8_input_store else input
+        y = input if bias is None else input + bias
+        if fp8_input_store:
+            # megatron keeps the input in fp8 and the bias apart; backward adds them again
+            saved: tuple[Tensor | None, ...] = (input.to(torch.float8_e4m3fn), bias)
+        else:
+            saved = (y, None)  # y = input + bias: the same memory as the input, one add less in backward
         if cpu_offload_input:
-            saved.activation_offloading = True
+            saved[0].activation_offloading = True
             if bias is not None:
                 bias.activation_offloading = True
-        ctx.save_for_backward(saved, bias)
-        ctx.in_dtype, ctx.fp8 = input.dtype, fp8_input_store
-        y = input if bias is None else input + bias
+        ctx.save_for_backward(*saved)
+        ctx.in_dtype, ctx.fp8, ctx.has_bias = input.dtype, fp8_input_store, bias is not None
         a, b = y.chunk(2, -1)
         return F.silu(a) * b
 
     @staticmethod
     def backward(ctx: Any, g: Tensor) -> tuple[Any, ...]:
         saved, bias = ctx.saved_tensors
-        x = saved.to(ctx.in_dtype) if ctx.fp8 else saved
-        y = x if bias is None else x + bias
+        if ctx.fp8:
+            x = saved.to(ctx.in_dtype)
+            y = x if bias is None else x + bias
+        else:
+            y = saved
         a, b = y.chunk(2, -1)
-        # d/da silu(a)*b = b * silu'(a); silu_backward computes g*silu'(a) in one kernel
-        grad = torch.cat((torch.ops.aten.silu_backward(g * b, a), g * F.silu(a)), -1)
-        return grad, (grad if bias is not None else None), None, None
+        grad = torch.empty_like(y)
+        da, db = grad.chunk(2, -1)
+        # d/da silu(a)*b = b * silu'(a), one silu_backward kernel; d/db = silu(a); written in place, no cat
+        torch.ops.aten.silu_backward.grad_input(g * b, a, grad_input=da)
+        torch.mul(g, F.silu(a), out=db)
+        return grad, (grad if ctx.has_bias else None), None, None
 
 
 def swiglu(x: Tensor, dim: int = -1, *, backend: Any = None) -> Tensor:

@@ -140,6 +140,13 @@ def test_multi_tensor_sgd_exits_early_on_a_set_flag():
     for a, b, gi, m in zip(w, before, g, mom):
         torch.testing.assert_close(a, b - 0.1 * 0.5 * gi)  # first run: momentum = scaled grad
         torch.testing.assert_close(m, 0.5 * gi)
+    w2 = [t.clone() for t in w]
+    MT.multi_tensor_sgd(2048, flag(), [g, w, mom], 0.01, 0.9, 0.0, 0.1, True, False, False, 1.0)  # fused path
+    assert all(torch.equal(a, b) for a, b in zip(g, g_before))
+    for a, b, gi, m0 in zip(w, w2, g, [0.5 * t for t in g_before]):
+        d = gi + 0.01 * b
+        buf = 0.9 * m0 + d
+        torch.testing.assert_close(a, b - 0.1 * (d + 0.9 * buf))  # nesterov, decay before momentum
 
 
 def test_appliers():

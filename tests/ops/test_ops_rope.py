@@ -136,3 +136,15 @@ def test_npu_rotary_mul_translation(cpu_backend, seeded, interleaved):
         assert tuple(log.calls[2]["args"][1].shape) == (2, 7, 1, 16)  # per-batch offsets: BS1D, half mode only
     torch.testing.assert_close(out, R.apply_rotary_emb(x, cos, sin, interleaved), atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(fused, R.fused_rope_sbhd(t, freqs, interleaved), atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_megatron_fused_rope_with_an_arbitrary_angle_table(seeded, interleaved):
+    """freqs whose pairs do not share an angle take the full-width formula (TE applies freqs as given)."""
+    from megatron.core.models.common.embeddings import rope_utils
+
+    t = torch.randn(6, 2, 2, 16)
+    freqs = torch.rand(6, 1, 1, 16) * 6
+    fused = R.fused_rope_sbhd(t, freqs, interleaved)
+    stock = rope_utils._apply_rotary_pos_emb_bshd(t, freqs, rotary_interleaved=interleaved)
+    torch.testing.assert_close(fused, stock, atol=1e-6, rtol=1e-6)
