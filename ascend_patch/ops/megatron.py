@@ -10,11 +10,12 @@ its module to be imported:
 * ``fusions.fused_bias_swiglu:bias_swiglu_impl`` and ``fusions.fused_bias_gelu:bias_gelu_impl``
   (``torch.compile``-built) -> :mod:`.swiglu`;
 * ``fusions.fused_softmax:FusedScaleMaskSoftmax.is_kernel_available`` /
-  ``forward_fused_softmax`` (import the CUDA extension) -> :mod:`.softmax`;
-* ``fusions.fused_layer_norm``: ``FusedLayerNormAffineFunction`` / ``FastLayerNormFN``
-  added when the module was imported without apex, with ``HAVE_FUSED_LAYER_NORM`` /
-  ``HAVE_PERSIST_LAYER_NORM`` set -> :mod:`.norm` (imported after the apex shim, megatron
-  finds them there by itself).
+  ``forward_fused_softmax`` (import the CUDA extension) -> :mod:`.softmax`.
+
+megatron's fused layer norm needs no patch: ``fusions.fused_layer_norm`` imports
+``FusedLayerNormAffineFunction`` / ``FastLayerNormFN`` from apex, and the apex shim serves
+:mod:`.norm`'s. (Imported before ascend_patch, megatron's layer specs have already chosen
+the torch norm, so patching the module afterwards would not reach them.)
 
 The ``transformer_engine`` shim itself is hidden from megatron-core (see :mod:`.shims`).
 """
@@ -30,7 +31,6 @@ __all__ = ["MEGATRON_RANGE", "megatron_patches"]
 MEGATRON_RANGE = {"package": "megatron-core", "versions": ">=0.16,<0.17"}
 _ROPE = "megatron.core.models.common.embeddings.rope_utils"
 _SOFTMAX = "megatron.core.fusions.fused_softmax"
-_LN = "megatron.core.fusions.fused_layer_norm"
 
 
 def megatron_patches(backend: Any) -> list[Patch]:
@@ -51,11 +51,6 @@ def megatron_patches(backend: Any) -> list[Patch]:
         from . import softmax as mod
 
         return getattr(mod, name)(backend)
-
-    def norm(name: str) -> Any:
-        from . import norm as mod
-
-        return getattr(mod, name)
 
     def patch(target: str, kind: PatchKind, reason: str, make: Any, **extra: Any) -> Patch:
         return Patch(target=target, kind=kind, reason=reason, make=make, action=action, **MEGATRON_RANGE, **extra)
@@ -79,14 +74,4 @@ def megatron_patches(backend: Any) -> list[Patch]:
         patch(f"{_SOFTMAX}:FusedScaleMaskSoftmax.forward_fused_softmax", PatchKind.REPLACE,
               "runs the CUDA extensions; use npu_scaled_masked_softmax / torch with the kernels' semantics",
               lambda _: softmax("megatron_forward_fused_softmax")),
-        patch(f"{_LN}:FusedLayerNormAffineFunction", PatchKind.ADD,
-              "megatron was imported without apex; give FusedLayerNorm the adapted function",
-              lambda _: norm("FusedLayerNormAffineFunction"), count_calls=False),
-        patch(f"{_LN}:HAVE_FUSED_LAYER_NORM", PatchKind.REPLACE,
-              "the adapted FusedLayerNormAffineFunction is available", lambda _: True, count_calls=False),
-        patch(f"{_LN}:FastLayerNormFN", PatchKind.ADD,
-              "megatron was imported without apex.contrib; give persist_layer_norm the adapted function",
-              lambda _: norm("FastLayerNormFN"), count_calls=False),
-        patch(f"{_LN}:HAVE_PERSIST_LAYER_NORM", PatchKind.REPLACE,
-              "the adapted FastLayerNormFN is available", lambda _: True, count_calls=False),
     ]
