@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from ascend_patch.ops import attention, multi_tensor, norm, optim, rope, softmax, swiglu
+from ascend_patch.ops import attention, multi_tensor, norm, norm_apex, optim, rope, softmax, swiglu
 
 
 def timed(fn: Callable[[], object], inner: int) -> float:
@@ -193,7 +193,7 @@ def norm_rows(repeats: int) -> list[float]:
     torch.manual_seed(0)
     x = torch.randn(8, 1024, 4096, requires_grad=True)
     g = torch.randn_like(x)
-    rms = norm.FusedRMSNorm(4096)
+    rms = norm_apex.FusedRMSNorm(4096)
 
     def manual_rms() -> torch.Tensor:  # apex's own non-CUDA fallback (HF style)
         var = x.float().pow(2).mean(-1, keepdim=True)
@@ -202,7 +202,7 @@ def norm_rows(repeats: int) -> list[float]:
     close(rms(x), manual_rms(), 1e-5, "FusedRMSNorm")
     rows = [compare("apex FusedRMSNorm vs apex's manual_rms_norm, fwd+bwd", lambda: rms(x).backward(g),
                     lambda: manual_rms().backward(g), repeats)]
-    ln, torch_ln = norm.FusedLayerNorm(4096), torch.nn.LayerNorm(4096)
+    ln, torch_ln = norm_apex.FusedLayerNorm(4096), torch.nn.LayerNorm(4096)
     rows.append(compare("apex FusedLayerNorm vs torch.nn.LayerNorm, fwd+bwd", lambda: ln(x).backward(g),
                         lambda: torch_ln(x).backward(g), repeats))
     w, b = ln.weight, ln.bias

@@ -6,7 +6,7 @@ calls the torch_npu kernel taken from the backend's kernel table at call time:
 
 * :mod:`.attention` / :mod:`.attention_npu` - flash-attn 2 (``flash_attn_func`` ...)
 * :mod:`.optim` - apex / Transformer Engine FusedAdam, FusedSGD
-* :mod:`.norm` - apex FusedLayerNorm / FusedRMSNorm, ``fused_layer_norm_cuda``
+* :mod:`.norm` / :mod:`.norm_apex` - layer/RMS norm, apex's norm modules, ``fused_layer_norm_cuda``
 * :mod:`.rope` - flash-attn ``apply_rotary_emb``, megatron-core fused RoPE
 * :mod:`.swiglu` - SwiGLU, bias-SwiGLU, bias-GeLU
 * :mod:`.softmax` - megatron's fused scale-mask-softmax
@@ -26,6 +26,7 @@ __all__ = [
     "megatron",
     "multi_tensor",
     "norm",
+    "norm_apex",
     "optim",
     "rope",
     "shims",

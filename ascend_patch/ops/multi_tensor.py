@@ -26,6 +26,8 @@ __all__ = [
     "TEMultiTensorApply",
     "adam_update",
     "multi_tensor_adam",
+    "multi_tensor_adam_capturable",
+    "multi_tensor_adam_capturable_master",
     "multi_tensor_applier",
     "multi_tensor_axpby",
     "multi_tensor_l2norm",
@@ -115,12 +117,13 @@ def multi_tensor_scale(chunk_size: int, noop_flag: Tensor, tensor_lists: list[li
             _set_flag(noop_flag, found > 0)
             continue
         if torch.promote_types(gin[0].dtype, gout[0].dtype) == gout[0].dtype and gout[0].is_floating_point():
-            # exact copy into the same or a wider dtype, then the fused check + scale on it: the check
-            # sees the input's values and the product is rounded once, in the out dtype
-            torch._foreach_copy_(gout, gin)
+            # exact copy into the same or a wider dtype, then the fused check + scale on it while it is in
+            # cache: the check sees the input's values and the product is rounded once, in the out dtype
             found = torch.zeros(1, dtype=torch.float32, device=device)
             inv = torch.full((1,), float(scale), dtype=torch.float32, device=device)
-            torch._amp_foreach_non_finite_check_and_unscale_(gout, found, inv)
+            for src, dst in zip(gin, gout):
+                dst.copy_(src)
+                torch._amp_foreach_non_finite_check_and_unscale_([dst], found, inv)
             _set_flag(noop_flag, found > 0)
             continue
         # narrowing: check the input (a finite fp32 value may round to inf in fp16: apex does not flag it)
@@ -256,6 +259,27 @@ def multi_tensor_adam(chunk_size: int, noop_flag: Tensor, tensor_lists: list[lis
     masters = tensor_lists[4] if len(tensor_lists) == 5 else None
     adam_update(g, p, m, v, lr=lr, beta1=beta1, beta2=beta2, eps=epsilon, step=int(step), adam_w_mode=bool(mode),
                 bias_correction=bool(bias_correction), weight_decay=weight_decay, masters=masters)
+
+
+def multi_tensor_adam_capturable(chunk_size: int, noop_flag: Tensor, tensor_lists: list[list[Tensor]], lr: Tensor,
+                                 beta1: float, beta2: float, epsilon: float, step: Tensor, mode: int,
+                                 bias_correction: int, weight_decay: float, inv_scale: Tensor) -> None:
+    """amp_C's graph-safe Adam: lr/step/inv_scale as tensors, grads times ``inv_scale``, skipped on a set flag.
+
+    (What real apex's FusedAdam(capturable=True) calls; here it reads the tensors on the host.)
+    """
+    _lists(tensor_lists, (4, 5), "multi_tensor_adam_capturable")
+    if bool(noop_flag.reshape(-1)[0].item()):
+        return
+    g, p, m, v = tensor_lists[:4]
+    inv = float(inv_scale.reshape(-1)[0])
+    grads = list(g) if inv == 1.0 else torch._foreach_mul([t.float() for t in g], inv)
+    adam_update(grads, p, m, v, lr=float(lr.reshape(-1)[0]), beta1=beta1, beta2=beta2, eps=epsilon,
+                step=int(step.reshape(-1)[0]), adam_w_mode=bool(mode), bias_correction=bool(bias_correction),
+                weight_decay=weight_decay, masters=tensor_lists[4] if len(tensor_lists) == 5 else None)
+
+
+multi_tensor_adam_capturable_master = multi_tensor_adam_capturable  # the 5-list form: [g, p, m, v, fp32 masters]
 
 
 # -- SGD ----------------------------------------------------------------------------------

@@ -43,13 +43,50 @@ def rotate_half(x: Tensor, interleaved: bool = False) -> Tensor:
     return torch.stack((-x2, x1), dim=-1).flatten(-2)
 
 
+def _rotate_into(out: Tensor, x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, conjugate: bool) -> None:
+    """out[..., :rd] = x[..., :rd] rotated by the half-width cos/sin (by -angle when ``conjugate``)."""
+    rd = 2 * cos.shape[-1]
+    if interleaved:
+        x1, x2, o1, o2 = x[..., 0:rd:2], x[..., 1:rd:2], out[..., 0:rd:2], out[..., 1:rd:2]
+    else:
+        half = rd // 2
+        x1, x2, o1, o2 = x[..., :half], x[..., half:rd], out[..., :half], out[..., half:rd]
+    sign = 1.0 if conjugate else -1.0
+    torch.mul(x1, cos, out=o1)
+    o1.addcmul_(x2, sin, value=sign)   # x1 cos - x2 sin
+    torch.mul(x2, cos, out=o2)
+    o2.addcmul_(x1, sin, value=-sign)  # x2 cos + x1 sin
+
+
+class _Rotary(torch.autograd.Function):
+    """The rotation written straight into the output (no temporaries, no cat); backward rotates by -angle."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
+        ctx.save_for_backward(cos, sin)
+        ctx.interleaved = interleaved
+        return _rotated(x, cos, sin, interleaved, False)
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> tuple[Any, ...]:
+        cos, sin = ctx.saved_tensors
+        return _rotated(g, cos, sin, ctx.interleaved, True), None, None, None
+
+
+def _rotated(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, conjugate: bool) -> Tensor:
+    md = _math_dtype(x)
+    xm = x if x.dtype == md else x.to(md)
+    out = torch.empty_like(xm)
+    rd = 2 * cos.shape[-1]
+    _rotate_into(out, xm, cos.to(md), sin.to(md), interleaved, conjugate)
+    if rd < x.shape[-1]:
+        out[..., rd:].copy_(xm[..., rd:])
+    return out if out.dtype == x.dtype else out.to(x.dtype)
+
+
 def _rotate_pairs(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
-    """Rotation with half-width cos/sin (rotary_dim / 2), cheaper than expanding them."""
-    if not interleaved:
-        x1, x2 = x.chunk(2, dim=-1)
-        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-    x1, x2 = x[..., ::2], x[..., 1::2]
-    return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+    """x (all channels) with its first 2 * cos.shape[-1] channels rotated, in the math dtype, differentiable."""
+    return _Rotary.apply(x, cos, sin, interleaved)
 
 
 def _expand(half: Tensor, interleaved: bool) -> Tensor:
@@ -122,8 +159,12 @@ def apply_rotary_emb(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = Fa
         out_rot = kernel(rot, _expand(c, interleaved).to(x.dtype), _expand(sn, interleaved).to(x.dtype),
                          rotary_mode="interleave" if interleaved else "half")
     else:
-        md = _math_dtype(x)
-        out_rot = _rotate_pairs(rot.to(md), c.to(md), sn.to(md), interleaved).to(x.dtype)
+        out = _rotate_pairs(view, c, sn, interleaved)  # all channels: the pass-through ones copied
+        out = out.squeeze(0) if cu_seqlens is not None else out
+        if inplace:
+            x.copy_(out)
+            return x
+        return out
     if cu_seqlens is not None:
         out_rot = out_rot.squeeze(0)
     if inplace:
@@ -149,7 +190,7 @@ def fused_rope_sbhd(t: Tensor, freqs: Tensor, interleaved: bool = False, *, back
         if torch.equal(first, second):
             # the usual table (each angle once per pair): rotate the pairs at half width
             f = first.to(md)
-            out = _rotate_pairs(r, torch.cos(f), torch.sin(f), interleaved).to(t.dtype)
+            return _rotate_pairs(t, torch.cos(f), torch.sin(f), interleaved)
         else:
             f = freqs.to(md)
             out = (r * torch.cos(f) + rotate_half(r, interleaved) * torch.sin(f)).to(t.dtype)

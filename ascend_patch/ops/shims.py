@@ -54,14 +54,11 @@ _OPTIM_HINTS = {
     "*": "the shim provides FusedAdam and FusedSGD",
 }
 _AMP_C_HINTS = {
-    "multi_tensor_adam_capturable": "CUDA-graph capture is not available; use multi_tensor_adam",
-    "multi_tensor_adam_capturable_master": "CUDA-graph capture is not available; use multi_tensor_adam with a 5th "
-                                           "list of fp32 master params",
     "multi_tensor_l2norm_mp": "use multi_tensor_l2norm (it accumulates in fp32)",
     "multi_tensor_l2norm_scale": "call multi_tensor_scale, then multi_tensor_l2norm",
     "multi_tensor_unscale_l2norm": "call multi_tensor_scale with 1/scale, then multi_tensor_l2norm",
-    "*": "the shim provides multi_tensor_scale, multi_tensor_l2norm, multi_tensor_adam, multi_tensor_sgd and "
-         "multi_tensor_axpby",
+    "*": "the shim provides multi_tensor_scale, multi_tensor_l2norm, multi_tensor_adam(_capturable(_master)), "
+         "multi_tensor_sgd and multi_tensor_axpby",
 }
 _FLASH_HINTS = {
     "bert_padding": "unpad with attention_mask.flatten().nonzero() and call flash_attn_varlen_func",
@@ -143,11 +140,11 @@ class ShimCatalog:
 
     @functools.cached_property
     def apex_norm_modules(self) -> dict[str, Any]:
-        from . import norm
+        from . import norm_apex
 
         mod = "apex.normalization.fused_layer_norm"
         bind = {"backend": self.backend}
-        return {name: _named(getattr(norm, name), name, mod, **bind)
+        return {name: _named(getattr(norm_apex, name), name, mod, **bind)
                 for name in ("FusedLayerNorm", "MixedFusedLayerNorm", "FusedRMSNorm", "MixedFusedRMSNorm")}
 
     @functools.cached_property
@@ -167,8 +164,8 @@ class ShimCatalog:
         from . import multi_tensor as mt
 
         return {name: getattr(mt, name) for name in (
-            "multi_tensor_scale", "multi_tensor_l2norm", "multi_tensor_adam", "multi_tensor_sgd",
-            "multi_tensor_axpby")}
+            "multi_tensor_scale", "multi_tensor_l2norm", "multi_tensor_adam", "multi_tensor_adam_capturable",
+            "multi_tensor_adam_capturable_master", "multi_tensor_sgd", "multi_tensor_axpby")}
 
     @functools.cached_property
     def flash(self) -> dict[str, Any]:
@@ -253,28 +250,28 @@ class ShimCatalog:
                  "(e.g. torch.nn.functional.cross_entropy for xentropy)"}, {})
 
     def _apex_contrib_layer_norm(self, name: str) -> ShimModule:
-        from . import norm
+        from . import norm_apex
 
         return _module(name, "FastLayerNorm", {"*": "the shim provides FastLayerNorm"},
-                       {"FastLayerNorm": norm.FastLayerNorm})
+                       {"FastLayerNorm": norm_apex.FastLayerNorm})
 
     def _apex_contrib_layer_norm_layer_norm(self, name: str) -> ShimModule:
-        from . import norm
+        from . import norm, norm_apex
 
         return _module(name, "FastLayerNorm, FastLayerNormFN", {"*": "the shim provides FastLayerNorm and "
                                                                     "FastLayerNormFN"},
-                       {"FastLayerNorm": norm.FastLayerNorm, "FastLayerNormFN": norm.FastLayerNormFN})
+                       {"FastLayerNorm": norm_apex.FastLayerNorm, "FastLayerNormFN": norm.FastLayerNormFN})
 
     def _amp_C(self, name: str) -> ShimModule:
         return _module(name, "multi-tensor ops with apex's overflow-flag semantics", _AMP_C_HINTS,
                        dict(self.multi_tensor))
 
     def _fused_layer_norm_cuda(self, name: str) -> ShimModule:
-        from . import norm
+        from . import norm_apex
 
         return _module(name, "apex's layer/RMS norm extension functions", {
             "*": "the shim provides forward/backward(_affine), rms_forward/rms_backward(_affine) and the "
-                 "*_mixed_dtypes forwards"}, norm.cuda_module_functions(self.backend))
+                 "*_mixed_dtypes forwards"}, norm_apex.cuda_module_functions(self.backend))
 
     def _flash_attn(self, name: str) -> ShimModule:
         mod = _module(name, "flash-attn 2's API on the target", _FLASH_HINTS, dict(self.flash),

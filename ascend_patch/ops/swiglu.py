@@ -53,7 +53,7 @@ class _BiasSwiGLUFn(torch.autograd.Function):
         ctx.save_for_backward(*saved)
         ctx.in_dtype, ctx.fp8, ctx.has_bias = input.dtype, fp8_input_store, bias is not None
         a, b = y.chunk(2, -1)
-        return F.silu(a) * b
+        return F.silu(a).mul_(b)
 
     @staticmethod
     def backward(ctx: Any, g: Tensor) -> tuple[Any, ...]:

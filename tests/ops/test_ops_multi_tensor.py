@@ -127,6 +127,24 @@ def test_multi_tensor_adam_equals_fused_adam_and_ignores_the_flag():
         assert torch.equal(a, b)
 
 
+def test_capturable_adam_unscales_reads_tensors_and_skips_on_the_flag():
+    torch.manual_seed(0)
+    w = [torch.randn(5), torch.randn(3)]
+    g = [torch.randn(5), torch.randn(3)]
+    ref_w = [t.clone() for t in w]
+    m1, v1 = [torch.zeros_like(t) for t in w], [torch.zeros_like(t) for t in w]
+    m2, v2 = [torch.zeros_like(t) for t in w], [torch.zeros_like(t) for t in w]
+    before = [t.clone() for t in w]
+    MT.multi_tensor_adam_capturable(2048, torch.ones(1, dtype=torch.int), [g, w, m1, v1], torch.tensor(0.1), 0.9,
+                                    0.999, 1e-8, torch.tensor([1]), 1, 1, 0.01, torch.tensor([0.5]))
+    assert all(torch.equal(a, b) for a, b in zip(w, before))  # overflow seen upstream: no update
+    MT.multi_tensor_adam_capturable(2048, flag(), [g, w, m1, v1], torch.tensor(0.1), 0.9, 0.999, 1e-8,
+                                    torch.tensor([1]), 1, 1, 0.01, torch.tensor([0.5]))
+    MT.multi_tensor_adam(2048, flag(), [[0.5 * t for t in g], ref_w, m2, v2], 0.1, 0.9, 0.999, 1e-8, 1, 1, 1, 0.01)
+    for a, b in zip(w, ref_w):
+        torch.testing.assert_close(a, b, atol=1e-7, rtol=1e-6)
+
+
 def test_multi_tensor_sgd_exits_early_on_a_set_flag():
     w = tensors()
     before = [t.clone() for t in w]

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from ascend_patch.ops import norm as N
+from ascend_patch.ops import norm_apex as NA
 from npu_references import CallLog, reference_npu_rms_norm
 
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
@@ -33,7 +34,7 @@ def _grads(out, inputs, g):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("memory_efficient", [False, True])
 def test_fused_layer_norm_values_and_grads(seeded, dtype, memory_efficient):
-    m = N.FusedLayerNorm(24, eps=1e-5, memory_efficient=memory_efficient).to(dtype)
+    m = NA.FusedLayerNorm(24, eps=1e-5, memory_efficient=memory_efficient).to(dtype)
     with torch.no_grad():
         m.weight.uniform_(0.5, 1.5)
         m.bias.normal_()
@@ -53,7 +54,7 @@ def test_fused_layer_norm_values_and_grads(seeded, dtype, memory_efficient):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("memory_efficient", [False, True])
 def test_fused_rms_norm_values_and_grads(seeded, dtype, memory_efficient):
-    m = N.FusedRMSNorm((4, 6), eps=1e-6, memory_efficient=memory_efficient).to(dtype)
+    m = NA.FusedRMSNorm((4, 6), eps=1e-6, memory_efficient=memory_efficient).to(dtype)
     with torch.no_grad():
         m.weight.uniform_(0.5, 1.5)
     x = torch.randn(7, 4, 6).to(dtype).requires_grad_()
@@ -71,7 +72,7 @@ def test_fused_rms_norm_values_and_grads(seeded, dtype, memory_efficient):
 
 def test_mixed_variants_output_in_the_weight_dtype(seeded):
     x = torch.randn(4, 16).bfloat16().requires_grad_()
-    ln, rms = N.MixedFusedLayerNorm(16), N.MixedFusedRMSNorm(16)
+    ln, rms = NA.MixedFusedLayerNorm(16), NA.MixedFusedRMSNorm(16)
     assert ln.weight.dtype == torch.float32
     y_ln, y_rms = ln(x), rms(x)
     assert y_ln.dtype == torch.float32 and y_rms.dtype == torch.float32
@@ -81,26 +82,26 @@ def test_mixed_variants_output_in_the_weight_dtype(seeded):
     assert x.grad.dtype == torch.bfloat16 and ln.weight.grad.dtype == torch.float32
     with pytest.warns(UserWarning, match="elementwise_affine"), \
             pytest.raises(RuntimeError, match="does not support `elementwise_affine = False`"):
-        N.MixedFusedRMSNorm(16, elementwise_affine=False)
+        NA.MixedFusedRMSNorm(16, elementwise_affine=False)
 
 
 def test_non_affine_forms_and_state_dict_keys(seeded):
     x = torch.randn(3, 8)
     torch.testing.assert_close(N.fused_layer_norm(x, 8, 1e-5).double(), ref_layer_norm(x, None, None, 1e-5))
     torch.testing.assert_close(N.fused_rms_norm(x, 8, 1e-5).double(), ref_rms_norm(x, None, 1e-5))
-    assert set(N.FusedRMSNorm(8).state_dict()) == set(torch.nn.RMSNorm(8).state_dict()) == {"weight"}
-    assert set(N.FusedLayerNorm(8).state_dict()) == set(torch.nn.LayerNorm(8).state_dict())
+    assert set(NA.FusedRMSNorm(8).state_dict()) == set(torch.nn.RMSNorm(8).state_dict()) == {"weight"}
+    assert set(NA.FusedLayerNorm(8).state_dict()) == set(torch.nn.LayerNorm(8).state_dict())
 
 
 def test_autocast_casts_like_apex(seeded):
-    m = N.FusedLayerNorm(8)
+    m = NA.FusedLayerNorm(8)
     x = torch.randn(2, 8)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert m(x).dtype == torch.bfloat16  # apex casts inputs to the autocast dtype, then runs without it
 
 
 def test_fused_layer_norm_cuda_functions(seeded):
-    fns = N.cuda_module_functions()
+    fns = NA.cuda_module_functions()
     x = torch.randn(6, 10).bfloat16()
     w, b = torch.rand(10) + 0.5, torch.randn(10)
     out, mean, invvar = fns["forward_affine"](x, [10], w, b, 1e-5)
@@ -149,7 +150,7 @@ def test_npu_rms_norm_translation(cpu_backend, seeded, x_dtype, w_dtype):
     with cpu_backend.kernels.override(npu_rms_norm=log):
         out = N.rms_norm(x, 16, w, 1e-6, backend=cpu_backend)
         mixed = N.rms_norm(x, 16, w, 1e-6, out_dtype=w_dtype, backend=cpu_backend)
-        module = N.FusedRMSNorm(16, eps=1e-6, backend=cpu_backend).to(w_dtype)
+        module = NA.FusedRMSNorm(16, eps=1e-6, backend=cpu_backend).to(w_dtype)
         module(x)
     assert len(log.calls) == 3 and all(c["epsilon"] == 1e-6 for c in log.calls)
     assert out.dtype == x_dtype and mixed.dtype == w_dtype
