@@ -59,6 +59,9 @@ class Patch:
     action: Action = Action.TRANSLATED
     api: str | None = None  # the name the report shows (default: the target)
     count_calls: bool = True  # every call is a use of a CUDA API (False: the patch counts itself)
+    # MODULE only: top-level packages whose code never gets this shim (to them the package
+    # stays missing), e.g. megatron-core, which reads an importable transformer_engine as a full TE
+    hidden_from: tuple[str, ...] = ()
     owner: str = field(default="", compare=False)  # set by the registry: the plugin's name
 
     def __post_init__(self) -> None:
@@ -74,6 +77,8 @@ class Patch:
             raise ValueError(f"env patch {self.target!r} needs make=")
         if kind in (PatchKind.REPLACE, PatchKind.ADD, PatchKind.WRAP) and ":" not in self.target:
             raise ValueError(f"patch target {self.target!r} must be 'module:attribute.path'")
+        if self.hidden_from and kind is not PatchKind.MODULE:
+            raise ValueError(f"patch {self.target!r}: hidden_from= is for MODULE patches only")
         if (self.package is None) != (self.versions is None):
             raise ValueError(f"patch {self.target!r}: package= and versions= go together")
 

@@ -111,6 +111,16 @@ class _Undo:
     rebound: list[tuple[dict[str, Any], str]] = field(default_factory=list)
 
 
+_VALUE_TYPES = (type(None), bool, int, float, complex, str, bytes)
+
+
+def _has_identity(obj: Any) -> bool:
+    """False for None, bools, numbers and strings: equal values share objects, so "the same
+    object" says nothing about where a value came from (re-binding every ``None`` in every
+    module would be a disaster)."""
+    return not isinstance(obj, _VALUE_TYPES)
+
+
 def _resolve(module: Any, path: str) -> tuple[Any, str, Any]:
     owner = module
     parts = path.split(".")
@@ -259,7 +269,7 @@ class PatchManager:
         elif current is _MISSING:
             self._skip(status, f"target missing: {patch.module} has no {patch.attribute}")
             return None
-        if current is not _MISSING and id(current) in _LIVE:
+        if current is not _MISSING and _has_identity(current) and id(current) in _LIVE:
             status.state, status.detail = "skipped", "already patched (no double wrapping)"
             return None
         own = _own_dict(owner)
@@ -275,10 +285,11 @@ class PatchManager:
         except Exception as exc:
             self._skip(status, f"failed: {type(exc).__name__}: {exc}", state="failed")
             return None
-        status.state = "applied"
+        status.state, status.detail = "applied", ""
         undo = _Undo(status, owner, name, had_own, old, current, new)
         self._undo.append(undo)
-        _LIVE[id(new)] = new
+        if _has_identity(new):
+            _LIVE[id(new)] = new
         return undo
 
     def _count(self, patch: Patch, new: Any) -> Any:
@@ -319,7 +330,8 @@ class PatchManager:
 
     def _rebind(self, applied: list[_Undo]) -> None:
         """Point by-value copies of each original (in every imported module) at the new value."""
-        originals = {id(u.original): u for u in applied if u.original is not _MISSING}
+        originals = {id(u.original): u for u in applied
+                     if u.original is not _MISSING and _has_identity(u.original)}
         if not originals:
             return
         for mod_name, d in _module_dicts():
@@ -375,7 +387,7 @@ class PatchManager:
         if real:
             status.state, status.detail = "skipped", f"{top} is installed; the real package is used"
             return
-        self._shims.add(name, status.patch.build)
+        self._shims.add(name, status.patch.build, status.patch.hidden_from)
         status.state, status.detail = "applied", f"shim served while {top} is not installed"
 
     # -- remove -------------------------------------------------------------------------
@@ -385,7 +397,7 @@ class PatchManager:
         with self._lock:
             if not self.active:
                 return
-            replaced = {id(u.new): u for u in self._undo}
+            replaced = {id(u.new): u for u in self._undo if _has_identity(u.new)}
             for undo in reversed(self._undo):
                 own = _own_dict(undo.owner)
                 if own.get(undo.name, _MISSING) is undo.new:

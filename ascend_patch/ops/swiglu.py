@@ -1,0 +1,119 @@
+"""SwiGLU, bias-SwiGLU and bias-GeLU: megatron-core's fused activations on the target.
+
+megatron-core builds these with ``jit_fuser`` (``torch.compile`` on torch >= 2.2), which
+on a host means a C++ compiler and seconds of compilation per process. Here:
+
+* npu: ``npu_swiglu`` from the kernel table (torch_npu gives it a backward);
+* cpu: an autograd function with megatron's exact forward and analytic backward
+  (including ``fp8_input_store``: the input kept for backward as float8_e4m3fn, and
+  ``cpu_offload_input``: the saved tensors tagged ``activation_offloading``);
+* bias-GeLU: torch's tanh-approximated ``gelu`` (the same formula megatron's
+  ``bias_gelu`` hand-writes, with its exact derivative), on both targets.
+
+Public functions for other adaptors: :func:`swiglu`, :func:`bias_swiglu`, :func:`bias_gelu`;
+:func:`megatron_bias_swiglu_impl` / :func:`megatron_bias_gelu_impl` carry megatron's signatures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.nn import functional as F
+
+__all__ = [
+    "bias_gelu",
+    "bias_swiglu",
+    "megatron_bias_gelu_impl",
+    "megatron_bias_swiglu_impl",
+    "swiglu",
+]
+
+
+def _kernel(backend: Any) -> Any:
+    return backend.kernels.get("npu_swiglu") if backend is not None else None
+
+
+class _BiasSwiGLUFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, input: Tensor, bias: Tensor | None, fp8_input_store: bool,
+                cpu_offload_input: bool) -> Tensor:
+        y = input if bias is None else input + bias
+        if fp8_input_store:
+            # megatron keeps the input in fp8 and the bias apart; backward adds them again
+            saved: tuple[Tensor | None, ...] = (input.to(torch.float8_e4m3fn), bias)
+        else:
+            saved = (y, None)  # y = input + bias: the same memory as the input, one add less in backward
+        if cpu_offload_input:
+            saved[0].activation_offloading = True
+            if bias is not None:
+                bias.activation_offloading = True
+        ctx.save_for_backward(*saved)
+        ctx.in_dtype, ctx.fp8, ctx.has_bias = input.dtype, fp8_input_store, bias is not None
+        a, b = y.chunk(2, -1)
+        return F.silu(a).mul_(b)
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> tuple[Any, ...]:
+        saved, bias = ctx.saved_tensors
+        if ctx.fp8:
+            x = saved.to(ctx.in_dtype)
+            y = x if bias is None else x + bias
+        else:
+            y = saved
+        a, b = y.chunk(2, -1)
+        grad = torch.empty_like(y)
+        da, db = grad.chunk(2, -1)
+        # d/da silu(a)*b = b * silu'(a), one silu_backward kernel; d/db = silu(a); written in place, no cat
+        torch.ops.aten.silu_backward.grad_input(g * b, a, grad_input=da)
+        torch.mul(g, F.silu(a), out=db)
+        return grad, (grad if ctx.has_bias else None), None, None
+
+
+def swiglu(x: Tensor, dim: int = -1, *, backend: Any = None) -> Tensor:
+    """``silu(first half) * second half`` of ``x`` along ``dim``, differentiable."""
+    kernel = _kernel(backend)
+    if kernel is not None:
+        return kernel(x, dim=dim)
+    if dim not in (-1, x.dim() - 1):
+        a, b = x.chunk(2, dim)
+        return F.silu(a) * b
+    return _BiasSwiGLUFn.apply(x, None, False, False)
+
+
+def bias_swiglu(input: Tensor, bias: Tensor | None, fp8_input_store: bool = False,
+                cpu_offload_input: bool = False, *, backend: Any = None) -> Tensor:
+    """``swiglu(input + bias)`` over the last dim with megatron's memory options."""
+    kernel = _kernel(backend)
+    if kernel is not None and not fp8_input_store and not cpu_offload_input:
+        return kernel(input if bias is None else input + bias, dim=-1)
+    return _BiasSwiGLUFn.apply(input, bias, fp8_input_store, cpu_offload_input)
+
+
+def bias_gelu(input: Tensor, bias: Tensor | None, *, backend: Any = None) -> Tensor:
+    """Tanh-approximated GeLU of ``input + bias`` (megatron's ``bias_gelu``), differentiable."""
+    return F.gelu(input if bias is None else input + bias, approximate="tanh")
+
+
+def megatron_bias_swiglu_impl(backend: Any) -> Callable[..., Tensor]:
+    """``megatron.core.fusions.fused_bias_swiglu.bias_swiglu_impl`` for ``backend``."""
+
+    def bias_swiglu_impl(input: Tensor, bias: Tensor | None, fp8_input_store: bool = False,
+                         cpu_offload_input: bool = False) -> Tensor:
+        ori_shape = input.shape
+        assert len(ori_shape) in [2, 3]
+        out = bias_swiglu(input.view(-1, ori_shape[-1]), bias, fp8_input_store, cpu_offload_input, backend=backend)
+        return out if len(ori_shape) == 2 else out.view(ori_shape[0], ori_shape[1], -1)
+
+    return bias_swiglu_impl
+
+
+def megatron_bias_gelu_impl(backend: Any) -> Callable[[Tensor, Tensor], Tensor]:
+    """``megatron.core.fusions.fused_bias_gelu.bias_gelu_impl`` for ``backend``."""
+
+    def bias_gelu_impl(input: Tensor, bias: Tensor) -> Tensor:
+        return bias_gelu(input, bias, backend=backend)
+
+    return bias_gelu_impl

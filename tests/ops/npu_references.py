@@ -1,0 +1,217 @@
+"""REFERENCE implementations of the documented torch_npu kernel semantics, for tests only.
+
+These are not torch_npu and were never run against an NPU. They implement what the
+torch_npu / op-plugin documentation says each kernel computes (argument by argument),
+strictly: an argument outside the documented contract raises, so a wrong translation in
+``ascend_patch.ops`` fails loudly instead of being silently accepted. Tests inject them
+into a backend's kernel table with ``backend.kernels.override(...)``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "CallLog",
+    "reference_npu_fusion_attention",
+    "reference_npu_rms_norm",
+    "reference_npu_rotary_mul",
+    "reference_npu_scaled_masked_softmax",
+    "reference_npu_swiglu",
+]
+
+INF_TOKENS = 2147483647
+
+
+class CallLog:
+    """Wraps a reference kernel and records the keyword arguments of each call."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.calls: list[dict] = []
+
+    def __call__(self, *args, **kwargs):
+        self.calls.append({"args": args, **kwargs})
+        return self.fn(*args, **kwargs)
+
+
+def _to_bnsd(x: Tensor, layout: str, n: int) -> Tensor:
+    if layout == "BSND":
+        return x.permute(0, 2, 1, 3)
+    if layout == "BNSD":
+        return x
+    if layout == "BSH":
+        b, s, h = x.shape
+        return x.view(b, s, n, h // n).permute(0, 2, 1, 3)
+    if layout == "SBH":
+        s, b, h = x.shape
+        return x.view(s, b, n, h // n).permute(1, 2, 0, 3)
+    raise ValueError(f"layout {layout} is not one of BSH, SBH, BSND, BNSD, TND")
+
+
+def _from_bnsd(x: Tensor, layout: str) -> Tensor:
+    if layout == "BSND":
+        return x.permute(0, 2, 1, 3).contiguous()
+    if layout == "BNSD":
+        return x.contiguous()
+    if layout == "BSH":
+        b, n, s, d = x.shape
+        return x.permute(0, 2, 1, 3).reshape(b, s, n * d)
+    b, n, s, d = x.shape
+    return x.permute(2, 0, 1, 3).reshape(s, b, n * d)
+
+
+def _is_compressed_causal(mask: Tensor) -> bool:
+    return (mask.dtype == torch.bool and tuple(mask.shape) == (2048, 2048)
+            and bool(torch.equal(mask, torch.triu(torch.ones(2048, 2048, dtype=torch.bool, device=mask.device), 1))))
+
+
+def _masked(sq: int, sk: int, atten_mask: Tensor | None, sparse_mode: int, pre: int, nxt: int,
+            device: torch.device) -> Tensor | None:
+    """Documented masking: True = the (query, key) pair does not take part."""
+    if atten_mask is None:
+        return None  # "atten_mask None: sparse_mode, pre/next_tockens do not apply; full computation"
+    i = torch.arange(sq, device=device).unsqueeze(1)
+    j = torch.arange(sk, device=device).unsqueeze(0)
+    if sparse_mode in (2, 3, 4):
+        if not _is_compressed_causal(atten_mask):
+            raise ValueError(f"sparse_mode {sparse_mode} takes the compressed 2048x2048 triu(1) bool mask, got "
+                             f"{tuple(atten_mask.shape)} {atten_mask.dtype}")
+    if sparse_mode == 2:  # leftUpCausal
+        return j > i
+    if sparse_mode == 3:  # rightDownCausal
+        return j > i + (sk - sq)
+    if sparse_mode == 4:  # band, origin at the bottom-right corner
+        diag = i + (sk - sq)
+        return (j > diag + nxt) | (j < diag - pre)
+    if sparse_mode in (0, 1):
+        m = atten_mask.bool()
+        if sparse_mode == 0:  # band relative to the top-left corner must agree with the mask
+            m = m | (j > i + nxt) | (j < i - pre)
+        return m
+    raise ValueError(f"sparse_mode {sparse_mode} is not covered by this reference")
+
+
+def _attend(q: Tensor, k: Tensor, v: Tensor, masked: Tensor | None, scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    """q (b, n, sq, d), k/v (b, nk, sk, d) -> out, softmax max/sum (b, n, sq) over the scaled scores."""
+    n, nk = q.shape[1], k.shape[1]
+    if n % nk:
+        raise ValueError(f"query heads {n} must be a multiple of key heads {nk}")
+    k = k.repeat_interleave(n // nk, dim=1)
+    v = v.repeat_interleave(n // nk, dim=1)
+    scores = torch.matmul(q.double(), k.double().transpose(-1, -2)) * scale
+    if masked is not None:
+        scores = scores.masked_fill(masked, -math.inf)
+    smax = scores.amax(-1, keepdim=True)
+    safe = torch.where(torch.isfinite(smax), smax, torch.zeros_like(smax))
+    e = torch.exp(scores - safe)
+    ssum = e.sum(-1, keepdim=True)
+    probs = torch.where(ssum > 0, e / ssum.clamp_min(1e-300), torch.zeros_like(e))  # invalid rows: zeros
+    out = torch.matmul(probs, v.double())
+    return out, smax.squeeze(-1), ssum.squeeze(-1)
+
+
+def reference_npu_fusion_attention(query, key, value, head_num, input_layout, pse=None, padding_mask=None,
+                                   atten_mask=None, scale=1.0, keep_prob=1.0, pre_tockens=INF_TOKENS,
+                                   next_tockens=INF_TOKENS, inner_precise=0, prefix=None, actual_seq_qlen=None,
+                                   actual_seq_kvlen=None, sparse_mode=0, gen_mask_parallel=True, sync=False):
+    """REFERENCE npu_fusion_attention: (out, softmax_max, softmax_sum, reserved, seed, offset, numels)."""
+    if pse is not None or padding_mask is not None or prefix is not None:
+        raise ValueError("this reference covers pse=None, padding_mask=None, prefix=None")
+    if keep_prob != 1.0:
+        raise ValueError("this reference computes keep_prob=1 only (dropout masks are device-random)")
+    if not isinstance(head_num, int) or head_num < 1 or head_num > 256:
+        raise ValueError(f"head_num must be an int in [1, 256], got {head_num!r}")
+    if input_layout == "TND":
+        if actual_seq_qlen is None or actual_seq_kvlen is None:
+            raise ValueError("TND needs actual_seq_qlen and actual_seq_kvlen")
+        if not all(isinstance(x, int) for x in list(actual_seq_qlen) + list(actual_seq_kvlen)):
+            raise ValueError("actual_seq_qlen / actual_seq_kvlen are lists of Python ints")
+        if len(actual_seq_qlen) != len(actual_seq_kvlen):
+            raise ValueError("actual_seq_qlen and actual_seq_kvlen have different batch sizes")
+        if atten_mask is not None and sparse_mode not in (2, 3, 4):
+            raise ValueError("TND accepts only an SS mask; this reference covers sparse modes 2, 3, 4")
+        if query.shape[1] != head_num:
+            raise ValueError(f"head_num {head_num} != query heads {query.shape[1]}")
+        if actual_seq_qlen[-1] != query.shape[0] or actual_seq_kvlen[-1] != key.shape[0]:
+            raise ValueError("the last cumulative length must be the token count (no leading 0, cumulative)")
+        outs = []
+        q_prev = k_prev = 0
+        for qe, ke in zip(actual_seq_qlen, actual_seq_kvlen):
+            qi = query[q_prev:qe].permute(1, 0, 2).unsqueeze(0)
+            ki = key[k_prev:ke].permute(1, 0, 2).unsqueeze(0)
+            vi = value[k_prev:ke].permute(1, 0, 2).unsqueeze(0)
+            masked = _masked(qi.shape[2], ki.shape[2], atten_mask, sparse_mode, pre_tockens, next_tockens,
+                             query.device)
+            out, _, _ = _attend(qi, ki, vi, masked, scale)
+            outs.append(out[0].permute(1, 0, 2))
+            q_prev, k_prev = qe, ke
+        out = torch.cat(outs, 0).to(query.dtype)
+        empty = torch.zeros(0, device=query.device)
+        return out, empty, empty, empty, 0, 0, 0
+    q = _to_bnsd(query, input_layout, head_num)
+    if q.shape[1] != head_num:
+        raise ValueError(f"head_num {head_num} != query heads {q.shape[1]}")
+    nk = head_num if input_layout in ("BSND", "BNSD") else None
+    k = _to_bnsd(key, input_layout, nk or key.shape[-1] // q.shape[-1])
+    v = _to_bnsd(value, input_layout, nk or value.shape[-1] // q.shape[-1])
+    masked = _masked(q.shape[2], k.shape[2], atten_mask, sparse_mode, pre_tockens, next_tockens, query.device)
+    out, smax, ssum = _attend(q, k, v, masked, scale)
+    rep = lambda t: t.float().unsqueeze(-1).expand(*t.shape, 8).contiguous()  # noqa: E731  (b, n, s, 8)
+    return _from_bnsd(out.to(query.dtype), input_layout), rep(smax), rep(ssum), torch.zeros(0), 0, 0, 0
+
+
+def reference_npu_rms_norm(x, gamma, epsilon=1e-6):
+    """REFERENCE npu_rms_norm: (x * rsqrt(mean(x^2) + eps) * gamma, rstd); gamma must match x's dtype."""
+    if gamma.dtype != x.dtype:
+        raise TypeError(f"npu_rms_norm: gamma dtype {gamma.dtype} must match x dtype {x.dtype}")
+    if not 2 <= x.dim() <= 8:
+        raise ValueError(f"npu_rms_norm takes 2-8 dims, got {x.dim()}")
+    dims = tuple(range(x.dim() - gamma.dim(), x.dim()))
+    x64 = x.double()
+    rstd = torch.rsqrt(x64.pow(2).mean(dims, keepdim=True) + epsilon)
+    return (x64 * rstd * gamma.double()).to(x.dtype), rstd.float()
+
+
+def reference_npu_rotary_mul(input, r1, r2, rotary_mode="half"):
+    """REFERENCE npu_rotary_mul: r1 * x + r2 * rotate(x), half or interleave; 4-D, D even and < 896."""
+    if input.dim() != 4 or r1.dim() != 4 or r2.dim() != 4:
+        raise ValueError("npu_rotary_mul takes 4-D input, r1, r2")
+    if input.shape[-1] % 2 or input.shape[-1] >= 896:
+        raise ValueError(f"npu_rotary_mul: D must be even and < 896, got {input.shape[-1]}")
+    if r1.dtype != input.dtype or r2.dtype != input.dtype:
+        raise TypeError("npu_rotary_mul: r1/r2 dtype must match the input")
+    x = input.double()
+    if rotary_mode == "half":
+        x1, x2 = x.chunk(2, -1)
+        rot = torch.cat((-x2, x1), -1)
+    elif rotary_mode == "interleave":
+        x1, x2 = x[..., ::2], x[..., 1::2]
+        rot = torch.stack((-x2, x1), -1).flatten(-2)
+    else:
+        raise ValueError(f"rotary_mode must be 'half' or 'interleave', got {rotary_mode!r}")
+    return (r1.double() * x + r2.double() * rot).to(input.dtype)
+
+
+def reference_npu_swiglu(x, dim=-1):
+    """REFERENCE npu_swiglu: silu(first half) * second half along ``dim``."""
+    a, b = x.double().chunk(2, dim)
+    return (torch.nn.functional.silu(a) * b).to(x.dtype)
+
+
+def reference_npu_scaled_masked_softmax(x, mask, scale=1.0, fixed_triu_mask=False):
+    """REFERENCE npu_scaled_masked_softmax: softmax(x * scale) with mask True = masked; last dims 32..4096 / 32."""
+    if fixed_triu_mask:
+        raise ValueError("fixed_triu_mask is reserved and only False is supported")
+    if mask is None or mask.dtype != torch.bool:
+        raise TypeError("npu_scaled_masked_softmax needs a bool mask")
+    for n in x.shape[-2:]:
+        if not (32 <= n <= 4096 and n % 32 == 0):
+            raise ValueError(f"npu_scaled_masked_softmax: last two dims must be in [32, 4096] and multiples of 32, "
+                             f"got {tuple(x.shape[-2:])}")
+    torch.broadcast_shapes(mask.shape, x.shape)
+    y = (x.double() * scale).masked_fill(mask, -10000.0)
+    return torch.softmax(y, -1).to(x.dtype)

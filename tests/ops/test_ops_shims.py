@@ -1,0 +1,138 @@
+"""Shim modules: importable while the package is missing, truthful find_spec, clear errors, removed on remove()."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+
+import pytest
+import torch
+
+from ascend_patch.shim import ShimImportError, ShimMissing, is_shim
+
+TOPS = ["apex", "amp_C", "fused_layer_norm_cuda", "flash_attn", "transformer_engine"]
+
+
+@pytest.fixture
+def no_real_packages():
+    for top in TOPS:
+        if importlib.util.find_spec(top) is not None:
+            pytest.skip(f"{top} is really installed here; the shim tests need it missing")
+
+
+@pytest.mark.parametrize("name", [
+    "apex", "apex.optimizers", "apex.normalization", "apex.multi_tensor_apply", "apex.contrib.layer_norm.layer_norm",
+    "amp_C", "fused_layer_norm_cuda", "flash_attn", "flash_attn.layers.rotary", "flash_attn.flash_attn_interface",
+    "transformer_engine", "transformer_engine.pytorch.optimizers"])
+def test_shims_import_and_say_what_they_are(no_real_packages, patched, name):
+    spec = importlib.util.find_spec(name)
+    assert spec is not None and spec.origin.startswith("ascend_patch shim (")
+    module = importlib.import_module(name)
+    assert is_shim(module) and module.__doc__.startswith(f"ascend_patch shim for {name}")
+
+
+def test_remove_deletes_every_shim(no_real_packages, cpu_settings):
+    import ascend_patch
+
+    ascend_patch.apply(cpu_settings)
+    try:
+        import apex.optimizers  # noqa: F401
+        import flash_attn.layers.rotary  # noqa: F401
+        import transformer_engine.pytorch.optimizers  # noqa: F401
+    finally:
+        ascend_patch.remove()
+    assert not [m for m in sys.modules if m.split(".")[0] in TOPS]
+    assert all(importlib.util.find_spec(top) is None for top in TOPS)
+    with pytest.raises(ModuleNotFoundError):
+        import apex  # noqa: F401
+
+
+def test_missing_apis_name_themselves_and_what_to_use(no_real_packages, patched):
+    import amp_C
+    import apex.optimizers
+    import flash_attn
+
+    with pytest.raises(ShimMissing, match=r"apex\.optimizers\.FusedLAMB is not provided .*torch\.optim\.AdamW"):
+        apex.optimizers.FusedLAMB
+    with pytest.raises(ShimImportError, match=r"flash_attn\.flash_attn_interface\._flash_attn_forward .*call "
+                                              r"flash_attn_func"):
+        from flash_attn.flash_attn_interface import _flash_attn_forward  # noqa: F401
+    with pytest.raises(ImportError, match=r"apex\.amp is not provided .*torch\.amp"):
+        from apex import amp  # noqa: F401
+    assert not hasattr(amp_C, "multi_tensor_lamb") and hasattr(amp_C, "multi_tensor_l2norm")
+    assert getattr(flash_attn, "bert_padding", None) is None
+
+
+def test_shims_are_the_adapted_objects(no_real_packages, patched, seeded):
+    import amp_C
+    import apex.normalization
+    import apex.optimizers
+    import apex.optimizers.fused_adam
+    import flash_attn
+    from apex.multi_tensor_apply import multi_tensor_applier
+    from flash_attn.layers.rotary import apply_rotary_emb
+    from transformer_engine.pytorch.optimizers import FusedAdam as TEFusedAdam
+
+    from ascend_patch.ops import optim
+
+    assert apex.optimizers.FusedAdam is apex.optimizers.fused_adam.FusedAdam
+    assert issubclass(apex.optimizers.FusedAdam, optim.ApexFusedAdam) and issubclass(TEFusedAdam, optim.TEFusedAdam)
+    p = torch.nn.Parameter(torch.ones(4, device="cuda"))
+    p.grad = torch.full((4,), 0.5)
+    apex.optimizers.FusedAdam([p], lr=0.1).step()
+    assert torch.allclose(p, torch.full((4,), 0.9))  # first Adam step moves each weight by lr
+    q = torch.randn(1, 4, 2, 8)
+    torch.testing.assert_close(flash_attn.flash_attn_func(q, q, q, causal=True),
+                               torch.nn.functional.scaled_dot_product_attention(
+                                   q.transpose(1, 2), q.transpose(1, 2), q.transpose(1, 2),
+                                   is_causal=True).transpose(1, 2))
+    cos, sin = torch.ones(4, 4), torch.zeros(4, 4)
+    assert torch.equal(apply_rotary_emb(q, cos, sin), q)  # zero angle
+    noop = torch.zeros(1, dtype=torch.int)
+    norm, _ = multi_tensor_applier(amp_C.multi_tensor_l2norm, noop, [[torch.full((4,), 3.0)]], False)
+    assert norm.item() == pytest.approx(6.0) and noop.item() == 0
+    assert apex.normalization.FusedRMSNorm(8).backend is not None  # bound to the target
+
+
+def test_a_real_package_is_never_shadowed(tmp_path, monkeypatch, cpu_settings):
+    import ascend_patch
+    from ascend_patch.adaptors.manager import manager
+
+    real = tmp_path / "site" / "flash_attn"
+    real.mkdir(parents=True)
+    (real / "__init__.py").write_text("REAL = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.delitem(sys.modules, "flash_attn", raising=False)
+    ascend_patch.apply(cpu_settings)
+    try:
+        import flash_attn
+
+        assert getattr(flash_attn, "REAL", False) is True and not is_shim(flash_attn)
+        status = manager.status_of("flash_attn")
+        assert status.state == "skipped" and "flash_attn is installed" in status.detail
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module("flash_attn.layers.rotary")  # never grafted into the real package
+    finally:
+        ascend_patch.remove()
+        sys.modules.pop("flash_attn", None)
+
+
+def _import_as(module_name: str, statement: str) -> None:
+    exec(compile(statement, f"<{module_name}>", "exec"), {"__name__": module_name})
+
+
+def test_transformer_engine_is_hidden_from_megatron(no_real_packages, patched):
+    with pytest.raises(ModuleNotFoundError, match="transformer_engine"):
+        _import_as("megatron.core.probe", "import transformer_engine")
+    import transformer_engine.pytorch.optimizers as te_opt  # user code gets it
+
+    cls = te_opt.FusedAdam
+    # cached now; the next import megatron starts drops the cached shim, so megatron still sees none
+    importlib.util.find_spec("megatron.core.ascend_patch_probe_that_does_not_exist")
+    assert "transformer_engine" not in sys.modules
+    with pytest.raises(ModuleNotFoundError):
+        _import_as("megatron.core.probe", "from transformer_engine.pytorch.optimizers import FusedAdam")
+    from transformer_engine.pytorch.optimizers import FusedAdam
+
+    assert FusedAdam is cls  # the same adapted class, rebuilt module
