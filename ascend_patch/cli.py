@@ -32,7 +32,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     import ascend_patch
     from .config import read_settings
 
-    settings = read_settings()
+    settings = read_settings().with_(enabled=True)  # asking for the table is asking for the patches
     if args.device:
         settings = settings.with_(device=args.device)
     report = ascend_patch.apply(settings)

@@ -107,6 +107,8 @@ def read_settings(environ: Mapping[str, str] | None = None) -> Settings:
         if name != PREFIX and not name.startswith(PREFIX + "_"):
             continue
         var = _BY_NAME.get(name)
+        if var is not None and raw.strip() == "":
+            continue  # `VAR=` in a shell means "not set"
         if var is None:
             close = difflib.get_close_matches(name, list(_BY_NAME), n=1)
             hint = f"; did you mean {close[0]}?" if close else ""

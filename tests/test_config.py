@@ -44,3 +44,7 @@ def test_unknown_variable_suggests_the_closest():
 def test_to_environ_round_trips():
     s = Settings(device="cpu", strict=True, report="all", cuda_is_available=False, disable_plugins=("a", "b"))
     assert read_settings(s.to_environ()) == s
+
+
+def test_empty_value_means_unset():
+    assert read_settings({"ASCEND_PATCH": "", "ASCEND_PATCH_DEVICE": " "}) == Settings()

@@ -20,6 +20,7 @@ import importlib.util
 import os
 import sys
 import threading
+import types
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -115,10 +116,13 @@ _VALUE_TYPES = (type(None), bool, int, float, complex, str, bytes)
 
 
 def _has_identity(obj: Any) -> bool:
-    """False for None, bools, numbers and strings: equal values share objects, so "the same
-    object" says nothing about where a value came from (re-binding every ``None`` in every
-    module would be a disaster)."""
-    return not isinstance(obj, _VALUE_TYPES)
+    """Whether "the same object" means "a copy of this attribute": true for functions, classes,
+    descriptors and modules only. Plain values (None, numbers, strings, and containers such as
+    the empty tuple, which Python shares between unrelated places) say nothing about where they
+    came from; re-binding every ``()`` in every module would be a disaster."""
+    if isinstance(obj, _VALUE_TYPES):
+        return False
+    return callable(obj) or isinstance(obj, (property, staticmethod, classmethod, types.ModuleType))
 
 
 def _resolve(module: Any, path: str) -> tuple[Any, str, Any]:

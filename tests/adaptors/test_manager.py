@@ -317,3 +317,14 @@ def test_disabled_applies_nothing(isolated, target):
     isolated("t", Patch("ap_target:f", PatchKind.REPLACE, "test", replacement=1))
     report = ascend_patch.apply(Settings(enabled=False))
     assert report.target is None and target.f is original
+
+
+def test_plain_values_are_never_rebound(isolated, target):
+    """A replaced empty tuple must not rewrite every `()` in every module (only callables are copies)."""
+    target.empty = ()
+    other = _module("ap_other", unrelated=())
+    isolated("t", Patch("ap_target:empty", PatchKind.REPLACE, "test", replacement=(1,)))
+    apply_cpu()
+    assert target.empty == (1,) and other.unrelated == ()
+    ascend_patch.remove()
+    assert target.empty == () and other.unrelated == ()
