@@ -59,6 +59,10 @@ class Patch:
     action: Action = Action.TRANSLATED
     api: str | None = None  # the name the report shows (default: the target)
     count_calls: bool = True  # every call is a use of a CUDA API (False: the patch counts itself)
+    # Re-bind by-value copies of the original in other modules. False when the original is a
+    # shared object whose other references are not copies of this attribute (megatron's
+    # `jit_fuser` *is* `torch.compile`: re-binding would change torch.compile everywhere).
+    rebind: bool = True
     owner: str = field(default="", compare=False)  # set by the registry: the plugin's name
 
     def __post_init__(self) -> None:

@@ -258,7 +258,7 @@ class PatchManager:
         elif current is _MISSING:
             self._skip(status, f"target missing: {patch.module} has no {patch.attribute}")
             return None
-        if current is not _MISSING and id(current) in _LIVE:
+        if current is not _MISSING and not isinstance(current, _SCALARS) and id(current) in _LIVE:
             status.state, status.detail = "skipped", "already patched (no double wrapping)"
             return None
         own = _own_dict(owner)
@@ -318,7 +318,7 @@ class PatchManager:
 
     def _rebind(self, applied: list[_Undo]) -> None:
         """Point by-value copies of each original (in every imported module) at the new value."""
-        originals = {id(u.original): u for u in applied if u.original is not _MISSING}
+        originals = {id(u.original): u for u in applied if u.original is not _MISSING and _rebindable(u, u.original)}
         if not originals:
             return
         for mod_name, d in _module_dicts():
@@ -384,7 +384,7 @@ class PatchManager:
         with self._lock:
             if not self.active:
                 return
-            replaced = {id(u.new): u for u in self._undo}
+            replaced = {id(u.new): u for u in self._undo if _rebindable(u, u.new)}
             for undo in reversed(self._undo):
                 own = _own_dict(undo.owner)
                 if own.get(undo.name, _MISSING) is undo.new:
@@ -431,6 +431,15 @@ class PatchManager:
             if status.patch.target == target:
                 return status
         return None
+
+
+# Values whose identity says nothing about where they came from: None, True, 0, "cuda" are
+# shared by every module holding that value, so they are never "copies" of one attribute.
+_SCALARS = (type(None), bool, int, float, complex, str, bytes)
+
+
+def _rebindable(undo: _Undo, value: Any) -> bool:
+    return undo.status.patch.rebind and not isinstance(value, _SCALARS)
 
 
 def _module_dicts() -> list[tuple[str, dict[str, Any]]]:
