@@ -17,6 +17,7 @@ __all__ = ["main", "COMMAND_MODULES"]
 # Modules that register subcommands, in the order `--help` lists them.
 COMMAND_MODULES: tuple[str, ...] = (
     "ascend_patch.cli",
+    "ascend_patch.models.args_cli",
 )
 
 
