@@ -1,0 +1,39 @@
+"""Run examples/pretrain_gpt.py patched under torchrun (the multi-process tests and the benchmark)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+__all__ = ["EXAMPLE", "REPO", "free_port", "run_example"]
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+EXAMPLE = os.path.join(REPO, "examples", "pretrain_gpt.py")
+TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_example(workdir, nproc: int, *args: str, timeout: int = 600) -> list[dict]:
+    """Run the example patched under torchrun; returns its per-iteration loss records."""
+    log = os.path.join(workdir, f"losses-{free_port()}.jsonl")
+    cmd = [TORCHRUN, "--nproc-per-node", str(nproc), "--master-port", str(free_port()), "-m", "ascend_patch",
+           EXAMPLE, "--loss-log", log, *args]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ASCEND_PATCH")}
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    env["OMP_NUM_THREADS"] = "1"
+    done = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stdout[-3000:]}\n"
+                             f"{done.stderr[-6000:]}")
+    if not os.path.exists(log):
+        return []
+    with open(log) as f:
+        return [json.loads(line) for line in f]
