@@ -8,11 +8,19 @@ import socket
 import subprocess
 import sys
 
-__all__ = ["EXAMPLE", "REPO", "free_port", "run_example"]
+__all__ = ["EXAMPLE", "REPO", "child_env", "free_port", "run_example"]
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLE = os.path.join(REPO, "examples", "pretrain_gpt.py")
 TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """Environment for a child process: no ASCEND_PATCH_* from the test process, this tree first."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ASCEND_PATCH")}
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(extra)
+    return env
 
 
 def free_port() -> int:
@@ -26,9 +34,7 @@ def run_example(workdir, nproc: int, *args: str, timeout: int = 600) -> list[dic
     log = os.path.join(workdir, f"losses-{free_port()}.jsonl")
     cmd = [TORCHRUN, "--nproc-per-node", str(nproc), "--master-port", str(free_port()), "-m", "ascend_patch",
            EXAMPLE, "--loss-log", log, *args]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ASCEND_PATCH")}
-    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
-    env["OMP_NUM_THREADS"] = "1"
+    env = child_env(OMP_NUM_THREADS="1")
     done = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout)
     if done.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stdout[-3000:]}\n"
