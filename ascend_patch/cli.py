@@ -17,6 +17,7 @@ __all__ = ["main", "COMMAND_MODULES"]
 # Modules that register subcommands, in the order `--help` lists them.
 COMMAND_MODULES: tuple[str, ...] = (
     "ascend_patch.cli",
+    "ascend_patch.comm.check",
     "ascend_patch.models.args_cli",
 )
 
@@ -39,7 +40,14 @@ def _cmd_report(args: argparse.Namespace) -> int:
         if args.markdown:
             from .adaptors.coverage import coverage_markdown
 
-            print(coverage_markdown(report))
+            table = coverage_markdown(report)
+            if args.update:
+                from .adaptors.coverage import replace_table
+
+                replace_table(args.update, table)
+                print(f"updated the coverage table in {args.update}")
+            else:
+                print(table)
         else:
             print(report if args.all else report.summary() + "\n\n" + report.patch_table(include_applied=args.applied))
     finally:
@@ -65,6 +73,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     report.add_argument("--applied", action="store_true", help="list applied patches too")
     report.add_argument("--all", action="store_true", help="everything, including plugin failures")
     report.add_argument("--markdown", action="store_true", help="the coverage table as markdown (docs)")
+    report.add_argument("--update", metavar="DOC", help="with --markdown: replace the table in DOC in place")
     report.set_defaults(func=_cmd_report)
 
     doctor = sub.add_parser("doctor", help="versions, devices, and which target auto picks and why")

@@ -66,6 +66,19 @@ class Settings:
         """A copy with some fields changed (used by the CLI's flags)."""
         return replace(self, **changes)  # type: ignore[arg-type]
 
+    def to_environ(self) -> dict[str, str]:
+        """The ``ASCEND_PATCH_*`` variables that reproduce these settings in another process."""
+        env = {}
+        for var in VARIABLES:
+            value = getattr(self, var.field)
+            if isinstance(value, bool):
+                env[var.name] = "1" if value else "0"
+            elif isinstance(value, tuple):
+                env[var.name] = ",".join(value)
+            else:
+                env[var.name] = str(value)
+        return env
+
     @property
     def report_enabled(self) -> bool:
         return self.report != "0"

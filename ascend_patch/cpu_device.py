@@ -89,30 +89,39 @@ def _check(index: int) -> int:
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
+_observed = [0]  # the largest resident set size a caller has seen since the last reset
+
+
 def _rss() -> int:
     try:
         with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * _PAGE
+            value = int(f.read().split()[1]) * _PAGE
     except OSError:
         import resource
 
-        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+        value = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+    if value > _observed[0]:
+        _observed[0] = value
+    return value
 
 
 def _peak_rss() -> int:
+    # The kernel's high-water mark is kept from lazily synced counters, so it can trail a
+    # value already reported; the peak is never below anything reported.
+    peak = _rss()
     try:
         with open("/proc/self/status") as f:
             for line in f:
                 if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
+                    peak = max(peak, int(line.split()[1]) * 1024)
+                    break
     except OSError:
         pass
-    import resource
-
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+    return max(peak, _observed[0])
 
 
 def _reset_peak() -> None:
+    _observed[0] = 0
     try:  # Linux: writing 5 resets the peak resident set size (VmHWM)
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
@@ -323,6 +332,13 @@ class _Properties:
         self.is_integrated = True
         self.is_multi_gpu_board = False
         self.uuid = "cpu"
+        # fields CUDA/ROCm property objects carry that libraries read (inductor hashes gcnArchName)
+        self.gcnArchName = "cpu"
+        self.warp_size = 1
+        self.max_threads_per_multi_processor = 1
+        self.regs_per_multiprocessor = 0
+        self.L2_cache_size = 0
+        self.pci_bus_id = self.pci_device_id = self.pci_domain_id = 0
 
     def __repr__(self) -> str:
         return (f"_CpuDeviceProperties(name='{self.name}', major={self.major}, minor={self.minor}, "

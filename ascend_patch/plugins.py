@@ -54,7 +54,7 @@ class PluginFailure:
 class PluginManager:
     """pluggy's manager plus the bookkeeping ascend_patch needs (origins, failures)."""
 
-    def __init__(self, disabled: Iterable[str] = (), entry_points: bool = True) -> None:
+    def __init__(self, disabled: Iterable[str] = (), entry_points: bool = True, builtins: bool = True) -> None:
         self.pm = pluggy.PluginManager(PROJECT)
         self.pm.add_hookspecs(AscendPatchSpec)
         self.failures: list[PluginFailure] = []
@@ -62,7 +62,7 @@ class PluginManager:
         self.disabled = tuple(disabled)
         for name in self.disabled:
             self.pm.set_blocked(name)
-        for name, module in BUILTIN_PLUGINS.items():
+        for name, module in (BUILTIN_PLUGINS.items() if builtins else ()):
             if name in self.disabled:
                 continue
             self.register(importlib.import_module(module), name, origin="builtin")
@@ -126,7 +126,7 @@ class PluginManager:
             yield impl.plugin_name, result
 
     def names(self) -> list[str]:
-        return [name for name, _ in self.pm.list_name_plugin()]
+        return [name for name, plugin in self.pm.list_name_plugin() if plugin is not None]  # None: blocked
 
 
 _lock = threading.Lock()

@@ -80,6 +80,8 @@ def cuda_namespace_patches(target: Backend, settings: Settings) -> list[Patch]:
             continue
         api = f"torch.cuda.{name}"
         provided = getattr(dm, name, _MISSING)
+        if provided is obj:
+            continue  # already what the target says (has_half = True)
         if provided is not _MISSING:
             action = Action(getattr(provided, "__ascend_action__", provided_action.value))
             patches.append(Patch(f"torch.cuda:{name}", PatchKind.REPLACE,

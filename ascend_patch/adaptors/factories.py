@@ -88,7 +88,7 @@ def derive_device_functions() -> list[tuple[str, str]]:
 
     for fn in torch_device._device_constructors():
         public = _public_name(fn)
-        if public is not None:
+        if public is not None and not public[0].startswith("torch._C"):
             found.add(public)
     return sorted(found)
 

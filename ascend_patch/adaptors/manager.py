@@ -175,6 +175,7 @@ class PatchManager:
                 self.remove()
             settings = settings if settings is not None else read_settings()
             self.settings = settings
+            self.recorder = None
             if backend is None:
                 self.selection = select_backend(settings)
             else:
@@ -402,7 +403,9 @@ class PatchManager:
                         continue
                     for key, value in list(d.items()):
                         undo = replaced.get(id(value))
-                        if undo is not None and value is undo.new and d is not _own_dict(undo.owner):
+                        # an ADD patch had no original: a copy of what it added is left as it is
+                        if (undo is not None and value is undo.new and d is not _own_dict(undo.owner)
+                                and undo.original is not _MISSING):
                             d[key] = undo.original
             self._undo.clear()
             _LIVE.clear()

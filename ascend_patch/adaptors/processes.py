@@ -32,17 +32,11 @@ class PatchedEntry:
         return self.fn(*args, **kwargs)
 
 
-def _environ(settings: Settings) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k.startswith("ASCEND_PATCH")}
-    env["ASCEND_PATCH_DEVICE"] = settings.device
-    return env
-
-
 def process_patches(settings: Settings) -> list[Patch]:
     def start_processes(original: Any) -> Any:
         def start(fn: Any, *args: Any, **kwargs: Any) -> Any:
             if not isinstance(fn, PatchedEntry):
-                fn = PatchedEntry(fn, _environ(settings))
+                fn = PatchedEntry(fn, settings.to_environ())
             return original(fn, *args, **kwargs)
 
         start.__wrapped__ = original  # type: ignore[attr-defined]

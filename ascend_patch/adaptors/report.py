@@ -111,8 +111,8 @@ def print_at_exit(manager: PatchManager, every_rank: bool, stream: TextIO | None
 
     def emit() -> None:
         rank = os.environ.get("RANK", "0")
-        if not every_rank and rank != "0":
-            return
+        if manager.recorder is None or (not every_rank and rank != "0"):
+            return  # reporting was switched off by a later apply()
         report = build_report(manager)
         out = stream or sys.stderr
         sys.stdout.flush()

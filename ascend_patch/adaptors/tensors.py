@@ -99,7 +99,7 @@ def _cpu_copy(original: Any) -> Any:
     return cpu
 
 
-def _module_to(original: Any, dmap: DeviceMap) -> Any:
+def _module_to(original: Any, dmap: DeviceMap, api: str) -> Any:
     lookup = dmap.lookup
 
     def to(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
@@ -107,10 +107,12 @@ def _module_to(original: Any, dmap: DeviceMap) -> Any:
             mapped = lookup(args[0])
             if mapped is not NOT_A_DEVICE:
                 args = (mapped, *args[1:])
+                usage.note(api)
         if "device" in kwargs:
             mapped = lookup(kwargs["device"])
             if mapped is not NOT_A_DEVICE:
                 kwargs["device"] = mapped
+                usage.note(api)
         return original(self, *args, **kwargs)
 
     to.__wrapped__ = original  # type: ignore[attr-defined]
@@ -181,9 +183,9 @@ def tensor_patches(target: Backend, dmap: DeviceMap) -> list[Patch]:
         Patch("torch:Tensor.cuda", PatchKind.REPLACE, r,
               replacement=_cuda_wrapper(target, dmap, "torch.Tensor.cuda", module=False), count_calls=False),
         Patch("torch.nn:Module.to", PatchKind.REPLACE, "module moves onto the target",
-              make=lambda orig: _module_to(orig, dmap), count_calls=False),
+              make=lambda orig: _module_to(orig, dmap, "torch.nn.Module.to(cuda)"), count_calls=False),
         Patch("torch.nn:Module.to_empty", PatchKind.REPLACE, "module materialisation onto the target",
-              make=lambda orig: _module_to(orig, dmap), count_calls=False),
+              make=lambda orig: _module_to(orig, dmap, "torch.nn.Module.to_empty(device=cuda)"), count_calls=False),
         Patch("torch.nn:Module.cuda", PatchKind.REPLACE, "module moves onto the target",
               replacement=_cuda_wrapper(target, dmap, "torch.nn.Module.cuda", module=True), count_calls=False),
         Patch("torch:Tensor.type", PatchKind.REPLACE, "CUDA tensor type names for target tensors",

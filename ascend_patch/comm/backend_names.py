@@ -1,23 +1,45 @@
 """``nccl`` onto the target's collective backend wherever a process group is made.
 
-``init_process_group(backend="nccl")`` and ``new_group(backend="nccl")`` become
-``hccl`` on npu and ``gloo`` on cpu, including the per-device form
-``"cpu:gloo,cuda:nccl"``. ``device_id=`` names a CUDA device; on npu it becomes the
-NPU with the same index, on cpu it is dropped (gloo binds no device).
-DistributedDataParallel's ``device_ids``/``output_device`` follow the same rule.
+* ``init_process_group``, ``new_group``, ``new_subgroups``, ``new_subgroups_by_enumeration``:
+  ``backend="nccl"`` becomes ``hccl`` on npu and ``gloo`` on cpu (also inside the
+  per-device form ``"cpu:gloo,cuda:nccl"``); ``pg_options`` that are NCCL options become
+  HCCL options (npu) or are dropped (cpu), see :mod:`.nccl_options`; ``device_id=``
+  names a CUDA device: on npu it becomes the NPU with the same index, on cpu it is
+  dropped (gloo binds no device).
+* ``DeviceMesh("cuda", ...)`` / ``init_device_mesh("cuda", ...)`` / ``DeviceMesh.from_group(g, "cuda")``
+  build a mesh of the target's device type, with ``backend_override`` translated.
+* ``barrier(device_ids=[...])``: kept on npu (same indices), dropped on cpu.
+* ``DistributedDataParallel(device_ids=..., output_device=...)``: the same rule as ``device_id``.
+
+Backend-name checks. Program code that asserts ``dist.get_backend() == "nccl"`` or
+branches on ``dist.is_nccl_available()`` keeps working: while patched, for calls made
+*outside torch*, ``get_backend(group)`` reports the backend the program asked for
+(``"nccl"``) for every group created with ``nccl`` (or inheriting it from a default
+group created with ``nccl``), and ``is_nccl_available()`` / ``is_backend_available("nccl")``
+answer True. torch's own code always sees the real backend (``gloo`` / ``hccl``),
+because it decides what the backend can do. :func:`real_backend` gives the real name
+to program code that needs it.
 """
 
 from __future__ import annotations
 
 import inspect
+import sys
+import weakref
 from typing import Any
 
 from ..backend import Backend
-from ..patch import Patch, PatchKind
 from ..devices import DeviceMap
+from ..patch import Action, Patch, PatchKind
 from ..usage import note
+from .nccl_options import ProcessGroupNCCL, translate_pg_options
 
-__all__ = ["backend_name_patches", "translate_backend"]
+__all__ = ["backend_name_patches", "real_backend", "requested_backend", "translate_backend"]
+
+_C10D = "torch.distributed.distributed_c10d"
+
+# process group -> the backend string the program asked for, when it named nccl
+_REQUESTED: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 
 
 def translate_backend(backend: Any, target: Backend) -> Any:
@@ -40,33 +62,181 @@ def translate_backend(backend: Any, target: Backend) -> Any:
     return backend
 
 
-def _device_id(device_id: Any, target: Backend, dmap: DeviceMap) -> Any:
-    if device_id is None:
+def _names_nccl(backend: Any) -> bool:
+    return isinstance(backend, str) and "nccl" in backend.lower()
+
+
+def requested_backend(group: Any = None) -> str | None:
+    """The nccl-naming backend string the program created ``group`` with, or None."""
+    from torch.distributed import distributed_c10d as c10d
+
+    if group is None:
+        if not c10d.is_initialized():
+            return None
+        group = c10d._get_default_group()
+    try:
+        return _REQUESTED.get(group)
+    except TypeError:
         return None
-    if target.name == "cpu":
+
+
+def real_backend(group: Any = None) -> str:
+    """The backend ``group`` really runs on (``gloo``/``hccl``), whatever get_backend reports."""
+    from torch.distributed import distributed_c10d as c10d
+
+    pg = group if group is not None else c10d._get_default_group()
+    return str(c10d._world.pg_map[pg][0])
+
+
+def _called_from_torch() -> bool:
+    """Whether the code calling the patched function (ours and wrapt's frames skipped) is torch's."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        name = frame.f_globals.get("__name__", "")
+        if name == "ascend_patch" or name.startswith(("ascend_patch.", "wrapt")):
+            frame = frame.f_back
+            continue
+        return name == "torch" or name.startswith("torch.")
+    return False
+
+
+def _record(group: Any, backend: Any) -> None:
+    from torch.distributed import distributed_c10d as c10d
+
+    if group is None or group is c10d.GroupMember.NON_GROUP_MEMBER:
+        return
+    try:
+        _REQUESTED[group] = str(backend)
+    except TypeError:  # not weak-referenceable: not a ProcessGroup
+        pass
+
+
+def _device_id(device_id: Any, target: Backend, dmap: DeviceMap) -> Any:
+    if device_id is None or target.name == "cpu":
         return None
     return dmap(device_id)
 
 
 def _group_wrapper(original: Any, target: Backend, dmap: DeviceMap, api: str) -> Any:
     signature = inspect.signature(original)
+    is_init = api.endswith("init_process_group")
 
     def make_group(*args: Any, **kwargs: Any) -> Any:
+        from torch.distributed import distributed_c10d as c10d
+
         bound = signature.bind_partial(*args, **kwargs)
         arguments = bound.arguments
-        backend = arguments.get("backend")
-        translated = translate_backend(backend, target)
-        if translated != backend:
+        asked = arguments.get("backend")
+        translated = translate_backend(asked, target)
+        if translated != asked:
             note(f"{api}(backend='nccl')")
             arguments["backend"] = translated
+        if arguments.get("pg_options") is not None:
+            arguments["pg_options"] = translate_pg_options(arguments["pg_options"], target)
         if arguments.get("device_id") is not None:
             arguments["device_id"] = _device_id(arguments["device_id"], target, dmap)
-        return original(*bound.args, **bound.kwargs)
+        # a group made with backend=None inherits the default group's backend, and its name
+        inherited = None if asked is not None or is_init else requested_backend()
+        result = original(*bound.args, **bound.kwargs)
+        named = asked if _names_nccl(asked) else inherited
+        if named:
+            if is_init:
+                _record(c10d._get_default_group(), named)
+            elif isinstance(result, tuple):  # new_subgroups -> (this rank's group, all groups)
+                for group in [result[0], *list(result[1] or ())]:
+                    _record(group, named)
+            else:
+                _record(result, named)
+        return result
 
     make_group.__wrapped__ = original  # type: ignore[attr-defined]
     make_group.__signature__ = signature  # type: ignore[attr-defined]
     make_group.__doc__ = original.__doc__
+    make_group.__name__ = original.__name__
     return make_group
+
+
+def _get_backend(original: Any) -> Any:
+    def get_backend(group: Any = None) -> Any:
+        real = original(group)
+        if _called_from_torch():
+            return real
+        asked = requested_backend(group)
+        if asked is None:
+            return real
+        note("torch.distributed.get_backend (reports the backend the program asked for)", "emulated")
+        from torch.distributed import Backend as C10dBackend
+
+        return C10dBackend(asked) if ":" not in asked else asked
+
+    get_backend.__wrapped__ = original  # type: ignore[attr-defined]
+    get_backend.__doc__ = original.__doc__
+    return get_backend
+
+
+def _is_nccl_available(original: Any) -> Any:
+    def is_nccl_available() -> bool:
+        if _called_from_torch():
+            return bool(original())
+        note("torch.distributed.is_nccl_available (nccl is served by the target's backend)", "emulated")
+        return True
+
+    is_nccl_available.__wrapped__ = original  # type: ignore[attr-defined]
+    return is_nccl_available
+
+
+def _is_backend_available(original: Any) -> Any:
+    def is_backend_available(backend: str) -> bool:
+        if not _called_from_torch() and isinstance(backend, str) and backend.lower() == "nccl":
+            return True
+        return bool(original(backend))
+
+    is_backend_available.__wrapped__ = original  # type: ignore[attr-defined]
+    return is_backend_available
+
+
+def _barrier(original: Any, target: Backend) -> Any:
+    signature = inspect.signature(original)
+
+    def barrier(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("device_ids") is not None or len(args) > 2:
+            bound = signature.bind_partial(*args, **kwargs)
+            if bound.arguments.get("device_ids") is not None and target.name == "cpu":
+                note("torch.distributed.barrier(device_ids=...)", "no-op")
+                bound.arguments["device_ids"] = None
+            return original(*bound.args, **bound.kwargs)
+        return original(*args, **kwargs)
+
+    barrier.__wrapped__ = original  # type: ignore[attr-defined]
+    barrier.__signature__ = signature  # type: ignore[attr-defined]
+    barrier.__doc__ = original.__doc__
+    return barrier
+
+
+def _translate_override(override: Any, target: Backend) -> Any:
+    """DeviceMesh's normalised backend_override: a tuple of (backend, options) per mesh dimension."""
+    if not override:
+        return override
+    out = []
+    for item in override:
+        if isinstance(item, tuple) and len(item) == 2:
+            out.append((translate_backend(item[0], target), translate_pg_options(item[1], target)))
+        else:
+            out.append(item)
+    return tuple(out)
+
+
+def _mesh_init(original: Any, target: Backend, dmap: DeviceMap) -> Any:
+    def __init__(self: Any, device_type: Any, *args: Any, **kwargs: Any) -> None:
+        mapped = dmap.device_type_name(device_type)
+        if mapped != device_type:
+            note("torch.distributed.device_mesh.DeviceMesh('cuda', ...)")
+        if kwargs.get("backend_override"):
+            kwargs["backend_override"] = _translate_override(kwargs["backend_override"], target)
+        original(self, mapped, *args, **kwargs)
+
+    __init__.__wrapped__ = original  # type: ignore[attr-defined]
+    return __init__
 
 
 def _ddp_init(original: Any, target: Backend, dmap: DeviceMap) -> Any:
@@ -89,15 +259,36 @@ def _ddp_init(original: Any, target: Backend, dmap: DeviceMap) -> Any:
 
 
 def backend_name_patches(target: Backend, dmap: DeviceMap) -> list[Patch]:
-    c10d = "torch.distributed.distributed_c10d"
+    """Every patch that maps NCCL process-group creation and naming onto the target."""
+    dist = target.dist_backend
+
+    def group(name: str, reason: str) -> Patch:
+        return Patch(f"{_C10D}:{name}", PatchKind.REPLACE, reason,
+                     make=lambda orig: _group_wrapper(orig, target, dmap, f"torch.distributed.{name}"),
+                     count_calls=False)
+
     return [
-        Patch(f"{c10d}:init_process_group", PatchKind.REPLACE,
-              f"nccl -> {target.dist_backend}; device_id onto the target",
-              make=lambda orig: _group_wrapper(orig, target, dmap, "torch.distributed.init_process_group"),
-              count_calls=False),
-        Patch(f"{c10d}:new_group", PatchKind.REPLACE, f"nccl -> {target.dist_backend}",
-              make=lambda orig: _group_wrapper(orig, target, dmap, "torch.distributed.new_group"),
-              count_calls=False),
+        group("init_process_group", f"nccl -> {dist}; NCCL pg_options and device_id onto the target"),
+        group("new_group", f"nccl -> {dist}; NCCL pg_options and device_id onto the target"),
+        group("new_subgroups", f"nccl -> {dist}; NCCL pg_options onto the target"),
+        group("new_subgroups_by_enumeration", f"nccl -> {dist}; NCCL pg_options onto the target"),
+        Patch(f"{_C10D}:get_backend", PatchKind.REPLACE,
+              "reports 'nccl' to program code for groups it created with nccl (torch sees the real name)",
+              make=_get_backend, action=Action.EMULATED, count_calls=False),
+        Patch(f"{_C10D}:is_nccl_available", PatchKind.REPLACE,
+              f"True for program code: nccl is served by {dist}", make=_is_nccl_available,
+              action=Action.EMULATED, count_calls=False),
+        Patch(f"{_C10D}:is_backend_available", PatchKind.REPLACE,
+              f"'nccl' is available to program code (served by {dist})", make=_is_backend_available,
+              action=Action.EMULATED, count_calls=False),
+        Patch(f"{_C10D}:barrier", PatchKind.REPLACE, "device_ids onto the target (dropped on the host)",
+              make=lambda orig: _barrier(orig, target), count_calls=False),
+        Patch("torch.distributed:ProcessGroupNCCL", PatchKind.ADD,
+              "ProcessGroupNCCL.Options for code that configures NCCL communicators (no NCCL in this torch)",
+              replacement=ProcessGroupNCCL, action=Action.EMULATED),
+        Patch("torch.distributed.device_mesh:DeviceMesh.__init__", PatchKind.REPLACE,
+              f"DeviceMesh('cuda') -> DeviceMesh('{target.device_type}'); backend_override translated",
+              make=lambda orig: _mesh_init(orig, target, dmap), count_calls=False),
         Patch("torch.nn.parallel.distributed:DistributedDataParallel.__init__", PatchKind.REPLACE,
               "device_ids/output_device onto the target (none on the host)",
               make=lambda orig: _ddp_init(orig, target, dmap), count_calls=False),

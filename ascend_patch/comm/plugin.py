@@ -1,4 +1,4 @@
-"""The built-in communication plugin: collective backends and process groups on the target."""
+"""The built-in communication plugin: collective backends, process groups and NCCL settings on the target."""
 
 from __future__ import annotations
 
@@ -12,6 +12,9 @@ __all__ = ["ascend_patch_register_patches"]
 @hookimpl
 def ascend_patch_register_patches(registry: Any, backend: Any) -> None:
     from ..devices import DeviceMap
-    from . import backend_names
+    from . import backend_names, collectives, env
 
     registry.extend(backend_names.backend_name_patches(backend, DeviceMap(backend)))
+    registry.extend(env.env_patches(backend.name))
+    registry.extend(collectives.collective_patches())  # cpu only (Patch.backends)
+    env.note_unmapped(backend.name)

@@ -1,4 +1,9 @@
-"""Run examples/pretrain_gpt.py patched under torchrun (the multi-process tests and the benchmark)."""
+"""Helpers for the megatron-core tests: the one-process ``mcore_world`` fixture, and running
+examples/pretrain_gpt.py patched under torchrun.
+
+(No conftest.py here: the test modules of other folders import the top-level ``conftest``
+by name, which a second conftest.py would shadow. Test modules import the fixture.)
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,9 @@ import socket
 import subprocess
 import sys
 
-__all__ = ["EXAMPLE", "REPO", "child_env", "free_port", "run_example"]
+import pytest
+
+__all__ = ["EXAMPLE", "REPO", "child_env", "free_port", "mcore_world", "run_example"]
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLE = os.path.join(REPO, "examples", "pretrain_gpt.py")
@@ -43,3 +50,22 @@ def run_example(workdir, nproc: int, *args: str, timeout: int = 600) -> list[dic
         return []
     with open(log) as f:
         return [json.loads(line) for line in f]
+
+
+@pytest.fixture
+def mcore_world(patched, tmp_path):
+    """The cpu target applied, a gloo world of one process, megatron-core's parallel state (1x1)."""
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    dist.init_process_group("nccl", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    parallel_state.initialize_model_parallel(1, 1)
+    model_parallel_cuda_manual_seed(1234)
+    torch.manual_seed(1234)
+    try:
+        yield patched
+    finally:
+        parallel_state.destroy_model_parallel()
+        dist.destroy_process_group()

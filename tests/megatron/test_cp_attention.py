@@ -12,6 +12,8 @@ import torch
 from ascend_patch.backend import KernelTable
 from ascend_patch.models.attention import attend
 
+from mcore_run import mcore_world  # noqa: F401  (fixture)
+
 
 def explicit_attention(q, k, v, causal, scale):
     """Textbook attention. q [b, sq, n, d], k/v [b, sk, g, d]; causal is bottom-right aligned."""

@@ -14,6 +14,8 @@ import torch
 
 from ascend_patch.backend import cpu_backend
 
+from mcore_run import mcore_world  # noqa: F401  (fixture)
+
 
 def _megatron_statuses():
     from ascend_patch.adaptors.manager import manager
@@ -101,6 +103,27 @@ def test_modules_imported_after_apply_are_never_compiled():
     out = subprocess.run([sys.executable, "-c", code], env=child_env(), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().endswith("eager")
+
+
+def test_the_compiled_function_list_matches_the_installed_megatron():
+    """COMPILED_AT_IMPORT names every function megatron-core compiles at import (scanned unpatched)."""
+    code = ("import importlib, json\n"
+            "from ascend_patch.adaptors.megatron.jit import COMPILED_AT_IMPORT, compiled_functions\n"
+            "for module in sorted({m for m, _ in COMPILED_AT_IMPORT}):\n"
+            "    importlib.import_module(module)\n"
+            "import megatron.core.models.gpt, megatron.core.transformer.moe.moe_layer\n"
+            "print(json.dumps(sorted({f'{m}:{a}' for m, a, _ in compiled_functions()})))\n")
+    from mcore_run import child_env
+
+    out = subprocess.run([sys.executable, "-c", code], env=child_env(ASCEND_PATCH="0"), capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    import json
+
+    from ascend_patch.adaptors.megatron.jit import COMPILED_AT_IMPORT
+
+    scanned = set(json.loads(out.stdout.strip().splitlines()[-1]))
+    assert scanned == {f"{m}:{a}" for m, a in COMPILED_AT_IMPORT}
 
 
 def _norm_config(**kw):

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from ascend_patch.models.registry import UnknownSpec, get_spec_registry, resolve_spec
+from mcore_run import mcore_world  # noqa: F401  (fixture)
 
 
 def test_spec_by_name_and_alias():

@@ -12,9 +12,13 @@ pieces, L2 norm) at import time.
   that matter on Ascend (SwiGLU, RoPE, RMSNorm, softmax) are routed to torch_npu kernels
   by ``ascend_patch.ops``; MindSpeed makes the same choice.
 
-So on both targets ``jit_fuser`` becomes a pass-through decorator. Functions compiled
-before the patch (megatron-core imported before ascend_patch was applied) are put back
-to their eager originals, one REPLACE patch each, so the order of imports does not matter.
+So on both targets ``jit_fuser`` becomes a pass-through decorator. The functions
+megatron-core 0.16 decorates at import (:data:`COMPILED_AT_IMPORT`) get one REPLACE patch
+each that puts back the eager original when megatron-core was imported before
+ascend_patch was applied (and leaves the function as it is otherwise), so the order of
+imports does not matter and the patch table does not depend on it. Functions decorated
+later inside other functions (the MoE experts' activations) follow ``jit_fuser``'s value
+in their module, which is eager when megatron-core is imported after the patch.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from typing import Any
 from ...patch import Action, Patch, PatchKind
 from . import PACKAGE, VERSIONS
 
-__all__ = ["eager", "jit_patches", "compiled_functions"]
+__all__ = ["COMPILED_AT_IMPORT", "compiled_functions", "eager", "jit_patches"]
 
 _REASON = ("torch.compile of megatron's small fused elementwise functions: eager on the target "
            "(cpu: Inductor needs a C++ compiler and costs seconds per process; npu: no Inductor "
@@ -40,9 +44,37 @@ def eager(fn: Callable[..., Any] | None = None, **kwargs: Any) -> Any:
     return fn
 
 
+# (module, attribute) of every function megatron-core 0.16.1 passes through jit_fuser at import;
+# tests/megatron/test_mcore_patches.py checks the list against a scan of the installed package.
+COMPILED_AT_IMPORT: tuple[tuple[str, str], ...] = tuple(
+    (module, name) for module, names in {
+        "megatron.core.activations": ("fast_gelu", "quick_gelu", "squared_relu"),
+        "megatron.core.fusions.fused_bias_dropout": ("bias_dropout_add_fused_inference",
+                                                     "bias_dropout_add_fused_train"),
+        "megatron.core.fusions.fused_bias_geglu": (
+            "bias_geglu", "bias_geglu_back", "geglu", "geglu_back", "quick_geglu", "quick_geglu_back",
+            "quick_gelu", "weighted_bias_quick_geglu", "weighted_bias_quick_geglu_back",
+            "weighted_quick_geglu", "weighted_quick_geglu_back"),
+        "megatron.core.fusions.fused_bias_gelu": ("bias_gelu", "bias_gelu_back"),
+        "megatron.core.fusions.fused_bias_swiglu": ("bias_swiglu", "bias_swiglu_back", "swiglu", "swiglu_back",
+                                                    "weighted_swiglu", "weighted_swiglu_back"),
+        "megatron.core.fusions.fused_cross_entropy": ("calculate_cross_entropy_loss", "calculate_gradients",
+                                                      "calculate_logits_max", "calculate_predicted_logits"),
+        "megatron.core.fusions.fused_pad_routing_map": ("fused_pad_routing_map",),
+        "megatron.core.fusions.fused_weighted_squared_relu": ("_squared_relu_back", "weighted_squared_relu",
+                                                              "weighted_squared_relu_back"),
+        "megatron.core.ssm.gated_delta_net": ("GatedDeltaNet._apply_gated_norm",),
+        "megatron.core.transformer.attention": ("Attention._apply_output_gate",),
+        "megatron.core.transformer.moe.router": ("TopKRouter._apply_expert_bias",),
+        "megatron.core.transformer.moe.token_dispatcher": ("MoEFlexTokenDispatcher.dispatch_preprocess",),
+        "megatron.core.transformer.torch_norm": ("L2Norm._norm",),
+        "megatron.core.transformer.utils": ("erf_gelu", "gelu_impl"),
+    }.items() for name in names)
+
+
 def compiled_functions() -> Iterator[tuple[str, str, Callable[..., Any]]]:
     """(module, attribute path, eager original) for each torch.compile'd function megatron-core
-    defined in a module that is already imported."""
+    defined in a module that is imported now (a scan; the patches use COMPILED_AT_IMPORT)."""
     for name, module in list(sys.modules.items()):
         if module is None or not (name == "megatron.core" or name.startswith("megatron.core.")):
             continue
@@ -57,16 +89,18 @@ def compiled_functions() -> Iterator[tuple[str, str, Callable[..., Any]]]:
                         yield name, f"{attr}.{meth}", original
 
 
+def _eager_original(current: Callable[..., Any]) -> Callable[..., Any]:
+    return getattr(current, "_torchdynamo_orig_callable", current)
+
+
 def jit_patches() -> list[Patch]:
-    """``jit_fuser`` -> eager, plus already-compiled functions back to eager."""
+    """``jit_fuser`` -> eager, and each function compiled at import back to eager."""
+    api = "megatron.core.jit.jit_fuser (torch.compile)"
     patches = [Patch("megatron.core.jit:jit_fuser", PatchKind.REPLACE, _REASON, replacement=eager,
-                     package=PACKAGE, versions=VERSIONS, action=Action.EMULATED,
-                     api="megatron.core.jit.jit_fuser (torch.compile)", count_calls=False,
+                     package=PACKAGE, versions=VERSIONS, action=Action.EMULATED, api=api, count_calls=False,
                      rebind=False)]  # the original *is* torch.compile: never re-bind torch's own name
-    if "megatron.core.jit" in sys.modules:
-        for module, attr, original in compiled_functions():
-            patches.append(Patch(f"{module}:{attr}", PatchKind.REPLACE,
-                                 "compiled by jit_fuser before ascend_patch was applied: back to eager",
-                                 replacement=original, package=PACKAGE, versions=VERSIONS,
-                                 action=Action.EMULATED, count_calls=False))
+    for module, attr in COMPILED_AT_IMPORT:
+        patches.append(Patch(f"{module}:{attr}", PatchKind.REPLACE, _REASON, make=_eager_original,
+                             package=PACKAGE, versions=VERSIONS, action=Action.EMULATED, api=api,
+                             count_calls=False))
     return patches

@@ -61,9 +61,11 @@ def wgrad_patches() -> list[Patch]:
         Patch(MODULE_NAME, PatchKind.MODULE, "gradient_accumulation_fusion: in-place addmm_ into main_grad",
               make=build_module, action=Action.TRANSLATED, api=MODULE_NAME),
         Patch(f"{layers}:_grad_accum_fusion_available", PatchKind.REPLACE,
-              "megatron probed for the extension before the shim existed", make=lambda original: True,
+              "gradient_accumulation_fusion: megatron's import-time probe for apex's extension answers "
+              "yes (also when megatron-core was imported before the shim existed)", make=lambda original: True,
               package=PACKAGE, versions=VERSIONS, count_calls=False),
         Patch(f"{layers}:{MODULE_NAME}", PatchKind.ADD,
-              "megatron probed for the extension before the shim existed", make=_module_object,
+              "gradient_accumulation_fusion: the extension module, where megatron-core was imported before "
+              "the shim existed", make=_module_object,
               package=PACKAGE, versions=VERSIONS, count_calls=False),
     ]

@@ -1,0 +1,387 @@
+"""``ascend-patch check``: the rank table and every parallel-layout inconsistency, before launch.
+
+Given the world (``--world-size``, or ``--nnodes`` x ``--nproc-per-node``) and the
+parallel sizes (Megatron's flag names), optionally the model (``--hf-config``, or
+``--num-layers`` / ``--num-attention-heads`` / ...) and a Megatron checkpoint
+(``--load``), it prints who holds which TP/CP/EP/DP/PP coordinate and everything that
+would fail after launch: sizes that do not fit the world or the model, and a
+checkpoint saved with other TP/PP (with the ``ascend-patch convert`` command that
+re-shards it). Exit status 1 when there are errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .checkpoint_probe import CheckpointLayout, probe_checkpoint
+from .preflight import (
+    TRAINING_FLAGS,
+    ParallelConfigError,
+    check_experts,
+    check_ffn_hidden_size,
+    check_heads,
+    check_layers,
+    check_query_groups,
+    check_seq_length,
+    collect,
+    parse_layer_list,
+)
+from .topology import DEFAULT_ORDER, ParallelLayout, RankRow
+
+__all__ = ["CheckReport", "ModelDims", "convert_command", "format_report", "preflight", "register", "resharded_dir"]
+
+
+@dataclass
+class ModelDims:
+    """The model numbers the layout checks need (any may be unknown)."""
+
+    source: str = ""
+    num_layers: int | None = None
+    num_attention_heads: int | None = None
+    num_query_groups: int | None = None
+    hidden_size: int | None = None
+    ffn_hidden_size: int | None = None
+    num_experts: int | None = None
+
+
+@dataclass
+class CheckReport:
+    """What ``check`` found. ``errors`` non-empty means the launch would fail."""
+
+    world_size: int | None
+    nproc_per_node: int | None
+    layout: ParallelLayout | None
+    model: ModelDims | None
+    checkpoint: CheckpointLayout | None
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def rows(self) -> list[RankRow]:
+        return self.layout.rank_table(self.nproc_per_node) if self.layout is not None else []
+
+
+def _model_from_hf(path: str) -> ModelDims:
+    from ..models.hf_config import read_config_json
+    from ..models.registry import get_spec_registry
+
+    cfg = read_config_json(path)
+    spec = get_spec_registry().for_hf_config(cfg)
+    mc = spec.config_from_hf(cfg)
+    experts = next((cfg[k] for k in ("num_experts", "num_local_experts", "n_routed_experts") if cfg.get(k)), None)
+    return ModelDims(f"{spec.name} from {path}", mc.num_layers, mc.num_attention_heads, mc.num_query_groups,
+                     mc.hidden_size, mc.ffn_hidden_size, int(experts) if experts else None)
+
+
+def _model_from_args(args: dict[str, Any], source: str) -> ModelDims | None:
+    dims = ModelDims(source, args.get("num_layers"), args.get("num_attention_heads"),
+                     args.get("num_query_groups") if args.get("group_query_attention", True) else None,
+                     args.get("hidden_size"), args.get("ffn_hidden_size"), args.get("num_experts"))
+    known = [v for k, v in asdict(dims).items() if k != "source" and v is not None]
+    return dims if known else None
+
+
+def resharded_dir(load_dir: str, tp: int, pp: int) -> str:
+    """Where :func:`convert_command` writes the re-sharded checkpoint."""
+    return f"{load_dir.rstrip('/')}_tp{tp}_pp{pp}"
+
+
+def convert_command(load_dir: str, tp: int, pp: int, ep: int | None = None,
+                    num_layer_list: list[int] | None = None) -> str:
+    """The ``ascend-patch convert`` command that re-shards a Megatron checkpoint to TP/PP(/EP)."""
+    save_dir = resharded_dir(load_dir, tp, pp)
+    parts = ["ascend-patch", "convert", "--load-model-type", "mg", "--save-model-type", "mg",
+             "--load-dir", load_dir, "--save-dir", save_dir,
+             "--target-tensor-parallel-size", str(tp), "--target-pipeline-parallel-size", str(pp)]
+    if ep is not None:
+        parts += ["--target-expert-parallel-size", str(ep)]
+    if num_layer_list:
+        parts += ["--num-layer-list", ",".join(map(str, num_layer_list))]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def _saved_stages(ckpt: CheckpointLayout, num_layers: int | None) -> list[int] | None:
+    listed = parse_layer_list(ckpt.args.get("num_layer_list"))
+    if listed:
+        return listed
+    if num_layers and ckpt.pp and num_layers % ckpt.pp == 0 and not ckpt.args.get("decoder_first_pipeline_num_layers"):
+        return [num_layers // ckpt.pp] * ckpt.pp
+    return None
+
+
+def _check_checkpoint(report: CheckReport, layout: ParallelLayout, launch_stages: list[int] | None,
+                      num_layer_list: list[int] | None) -> None:
+    ckpt = report.checkpoint
+    assert ckpt is not None
+    report.errors.extend(ckpt.problems)
+    report.notes.extend(ckpt.notes)
+    if ckpt.format == "unknown":
+        return
+    if ckpt.reshardable:
+        report.notes.append(f"{ckpt.path} is a torch_dist checkpoint: megatron-core re-shards it on load, "
+                            "so its TP/PP need not match the launch")
+        return
+    differs = [(name, saved, now) for name, saved, now in (("TP", ckpt.tp, layout.tp), ("PP", ckpt.pp, layout.pp),
+                                                           ("EP", ckpt.ep, layout.ep)) if saved is not None and saved != now]
+    saved_stages = _saved_stages(ckpt, report.model.num_layers if report.model else None)
+    stage_mismatch = (not differs and launch_stages is not None and saved_stages is not None
+                      and saved_stages != launch_stages)
+    if not differs and not stage_mismatch:
+        return
+    command = convert_command(ckpt.path, layout.tp, layout.pp, layout.ep if ckpt.ep != layout.ep else None,
+                              num_layer_list)
+    if differs:
+        what = " and ".join(f"{n}={s}" for n, s, _ in differs)
+        now = " and ".join(f"{n}={v}" for n, _, v in differs)
+        wanted = _rank_folder(0, 0, 0, layout.pp, layout.ep)
+        first = _rank_folder(0, 0, 0, ckpt.pp or 1, ckpt.ep or 1)
+        last = _rank_folder((ckpt.tp or 1) - 1, (ckpt.pp or 1) - 1, (ckpt.ep or 1) - 1, ckpt.pp or 1, ckpt.ep or 1)
+        report.errors.append(
+            f"this checkpoint was saved with {what} but you are launching {now}: the torch format cannot be "
+            f"re-sharded on load (rank 0 would look for {wanted}/, the checkpoint has {first}/ .. {last}/). "
+            f"Re-shard it first:\n"
+            f"      {command}\n    then launch with --load {shlex.quote(resharded_dir(ckpt.path, layout.tp, layout.pp))}")
+    else:
+        report.errors.append(
+            f"this checkpoint places layers {','.join(map(str, saved_stages or []))} on its {ckpt.pp} pipeline "
+            f"stages but the launch places {','.join(map(str, launch_stages or []))}; re-shard it first:\n"
+            f"      {command}")
+
+
+def _rank_folder(tp_rank: int, pp_rank: int, ep_rank: int, pp: int, ep: int) -> str:
+    return f"mp_rank_{tp_rank:02d}" + (f"_{pp_rank:03d}" if pp > 1 else "") + (f"_{ep_rank:03d}" if ep > 1 else "")
+
+
+def _node_warnings(report: CheckReport, layout: ParallelLayout) -> None:
+    per_node = report.nproc_per_node
+    if not per_node or per_node >= layout.world_size:
+        return
+    for dims, name, why in (("tp", "TP", "tensor parallelism all-reduces activations in every layer"),
+                            ("cp", "CP", "context parallelism exchanges keys/values in every attention layer")):
+        for group in layout.groups(dims):
+            nodes = sorted({r // per_node for r in group})
+            if len(nodes) > 1:
+                report.warnings.append(
+                    f"{name} group {group} spans nodes {', '.join(map(str, nodes))}: {why}; keep "
+                    f"{name} x (faster dimensions) within the {per_node} devices of a node")
+                break
+
+
+def preflight(world_size: int | None = None, nnodes: int | None = None, nproc_per_node: int | None = None,
+              tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1, etp: int | None = None,
+              order: str = DEFAULT_ORDER, num_layer_list: str | list[int] | None = None, vpp: int | None = None,
+              seq_length: int | None = None, sequence_parallel: bool = False, hf_config: str | None = None,
+              model: ModelDims | None = None, load: str | None = None, trust_checkpoint: bool = False,
+              target: str = "npu") -> CheckReport:
+    """Everything ``ascend-patch check`` reports, as data."""
+    report = CheckReport(None, nproc_per_node, None, None, None)
+    if nnodes is not None and nproc_per_node is not None:
+        nodes_world = nnodes * nproc_per_node
+        if world_size is not None and world_size != nodes_world:
+            report.errors.append(f"--world-size {world_size} disagrees with --nnodes {nnodes} x "
+                                 f"--nproc-per-node {nproc_per_node} = {nodes_world}")
+        world_size = world_size or nodes_world
+    if world_size is None:
+        report.errors.append("give --world-size, or --nnodes and --nproc-per-node")
+        return report
+    report.world_size = world_size
+    if nproc_per_node and world_size % nproc_per_node:
+        report.errors.append(f"world size {world_size} is not a whole number of nodes of {nproc_per_node} devices")
+    try:
+        layout = ParallelLayout.from_world(world_size, tp=tp, pp=pp, cp=cp, ep=ep, expert_tp=etp, order=order)
+    except ParallelConfigError as exc:
+        report.errors.append(str(exc))
+        layout = None
+    report.layout = layout
+    if hf_config:
+        try:
+            report.model = _model_from_hf(hf_config)
+        except (ValueError, LookupError) as exc:
+            report.errors.append(f"--hf-config {hf_config}: {exc}")
+    if model is not None:
+        base = report.model or ModelDims()
+        merged = {k: (v if v is not None else getattr(base, k)) for k, v in asdict(model).items() if k != "source"}
+        report.model = ModelDims(model.source or base.source, **merged)
+    if load:
+        report.checkpoint = probe_checkpoint(load, trust=trust_checkpoint)
+        saved = _model_from_args(report.checkpoint.args, f"the args saved in {load}")
+        if report.model is None:
+            report.model = saved
+        elif saved is not None:
+            for name in ("num_layers", "num_attention_heads", "num_query_groups", "hidden_size", "ffn_hidden_size"):
+                mine, theirs = getattr(report.model, name), getattr(saved, name)
+                if mine is not None and theirs is not None and mine != theirs:
+                    report.errors.append(f"the checkpoint was saved with {name}={theirs} but "
+                                         f"{report.model.source} says {mine}: they are different models")
+    stages = None
+    layer_list = parse_layer_list(num_layer_list)
+    m = report.model
+    if m is not None:
+        checks = []
+        if m.num_attention_heads:
+            checks.append(lambda: check_heads(m.num_attention_heads, tp))
+        if m.num_query_groups:
+            checks.append(lambda: check_query_groups(m.num_query_groups, tp, m.num_attention_heads))
+        if m.ffn_hidden_size:
+            checks.append(lambda: check_ffn_hidden_size(m.ffn_hidden_size, tp))
+        if m.num_experts:
+            checks.append(lambda: check_experts(m.num_experts, ep))
+        report.errors.extend(str(e) for e in collect(*checks))
+        if m.num_layers:
+            try:
+                stages = check_layers(m.num_layers, pp, vpp, layer_list, flags=TRAINING_FLAGS)
+            except ParallelConfigError as exc:
+                report.errors.append(str(exc))
+    elif layer_list is not None:
+        report.notes.append("--num-layer-list not checked: the number of layers is unknown (give --hf-config "
+                            "or --num-layers)")
+    if seq_length is not None:
+        report.errors.extend(str(e) for e in collect(
+            lambda: check_seq_length(seq_length, cp, tp, sequence_parallel)))
+    if layout is not None:
+        _node_warnings(report, layout)
+        if report.checkpoint is not None:
+            _check_checkpoint(report, layout, stages, layer_list)
+    elif report.checkpoint is not None:
+        report.errors.extend(report.checkpoint.problems)
+    from .env import nccl_environment
+
+    for finding in nccl_environment(target):
+        if not finding.effective:
+            report.warnings.append(finding.detail)
+    return report
+
+
+def _table(rows: list[RankRow], experts: bool, limit: int) -> str:
+    heads = ["rank", "node", "local", "tp", "cp", "ep", "dp", "pp"] + (["etp", "edp"] if experts else [])
+    cells = [[str(v) for v in (r.rank, r.node, r.local_rank, r.tp, r.cp, r.ep, r.dp, r.pp)]
+             + ([str(r.expert_tp), str(r.expert_dp)] if experts else []) for r in rows]
+    shown = cells if limit <= 0 else cells[:limit]
+    widths = [max(len(h), *(len(c[i]) for c in shown)) for i, h in enumerate(heads)]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(heads, widths)), "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in shown]
+    if len(shown) < len(cells):
+        lines.append(f"... {len(cells) - len(shown)} more ranks (--max-rows 0 prints all)")
+    return "\n".join(lines)
+
+
+def _groups_summary(layout: ParallelLayout) -> list[str]:
+    lines = []
+    items = [("TP", "tp", "dense"), ("CP", "cp", "dense"), ("DP", "dp", "dense"), ("PP", "pp", "dense")]
+    if layout.ep > 1:
+        items.append(("EP", "ep", "expert"))
+    for name, dims, kind in items:
+        groups = layout.groups(dims, kind)
+        shown = " ".join(str(g) for g in groups[:4]) + (" ..." if len(groups) > 4 else "")
+        lines.append(f"  {name} groups ({len(groups)} x {len(groups[0])}): {shown}")
+    return lines
+
+
+def format_report(report: CheckReport, max_rows: int = 64) -> str:
+    """The report as the text ``ascend-patch check`` prints."""
+    out = []
+    world = report.world_size
+    if report.layout is not None:
+        count = world // report.nproc_per_node if report.nproc_per_node and world else 0
+        nodes = f" ({count} node{'s' if count != 1 else ''} x {report.nproc_per_node})" \
+            if count and world % report.nproc_per_node == 0 else ""
+        out.append(f"ascend-patch check: {world} ranks{nodes}: {report.layout.describe()}")
+    elif world is not None:
+        out.append(f"ascend-patch check: {world} ranks")
+    m = report.model
+    if m is not None:
+        known = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in asdict(m).items() if k != "source" and v)
+        out.append(f"model ({m.source}): {known}")
+    c = report.checkpoint
+    if c is not None and c.format != "unknown":
+        out.append(f"checkpoint {c.path}: {c.format} format, iteration {c.iteration}, saved TP={c.tp} PP={c.pp} EP={c.ep}")
+    if report.layout is not None:
+        out += ["", _table(report.rows, report.layout.ep > 1 or report.layout.etp != report.layout.tp, max_rows), ""]
+        out += ["groups:"] + _groups_summary(report.layout)
+    for title, items in (("errors", report.errors), ("warnings", report.warnings), ("notes", report.notes)):
+        if items:
+            out += ["", f"{title} ({len(items)}):"] + [f"  - {item}" for item in items]
+    out += ["", f"{len(report.errors)} error(s): fix them before launching" if report.errors else "OK: no errors"]
+    return "\n".join(out)
+
+
+def _json(report: CheckReport) -> str:
+    layout = report.layout
+    data: dict[str, Any] = {
+        "world_size": report.world_size,
+        "layout": None if layout is None else {"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "cp": layout.cp,
+                                              "ep": layout.ep, "expert_tp": layout.etp, "expert_dp": layout.expert_dp,
+                                              "order": "-".join(layout.dims)},
+        "ranks": [asdict(r) for r in report.rows],
+        "groups": layout.megatron_groups() if layout is not None else {},
+        "model": asdict(report.model) if report.model else None,
+        "checkpoint": None if report.checkpoint is None else {
+            k: v for k, v in asdict(report.checkpoint).items() if k != "args"},
+        "errors": report.errors, "warnings": report.warnings, "notes": report.notes,
+    }
+    return json.dumps(data, indent=2, default=str)
+
+
+def _run(args: argparse.Namespace) -> int:
+    order = "tp-cp-ep-pp-dp" if args.use_tp_pp_dp_mapping else args.order
+    model = ModelDims("the command line", args.num_layers, args.num_attention_heads, args.num_query_groups,
+                      args.hidden_size, args.ffn_hidden_size, args.num_experts)
+    given = any(v is not None for k, v in asdict(model).items() if k != "source")
+    report = preflight(args.world_size, args.nnodes, args.nproc_per_node, args.tp, args.pp, args.cp, args.ep,
+                       args.etp, order, args.num_layer_list, args.vpp, args.seq_length, args.sequence_parallel,
+                       args.hf_config, model if given else None, args.load, args.trust_checkpoint, args.device)
+    print(_json(report) if args.json else format_report(report, args.max_rows))
+    return 1 if report.errors else 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the ``check`` command to the ``ascend-patch`` parser."""
+    p = sub.add_parser("check", help="print the rank table and every parallel-layout error before launch",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    world = p.add_argument_group("world")
+    world.add_argument("--world-size", type=int)
+    world.add_argument("--nnodes", type=int)
+    world.add_argument("--nproc-per-node", "--nproc_per_node", type=int, dest="nproc_per_node")
+    par = p.add_argument_group("parallel sizes (Megatron's flags)")
+    par.add_argument("--tensor-model-parallel-size", "--tp", type=int, default=1, dest="tp")
+    par.add_argument("--pipeline-model-parallel-size", "--pp", type=int, default=1, dest="pp")
+    par.add_argument("--context-parallel-size", "--cp", type=int, default=1, dest="cp")
+    par.add_argument("--expert-model-parallel-size", "--ep", type=int, default=1, dest="ep")
+    par.add_argument("--expert-tensor-parallel-size", type=int, dest="etp")
+    par.add_argument("--num-layer-list", help="layers per pipeline stage, e.g. 7,7,7,7")
+    par.add_argument("--num-virtual-stages-per-pipeline-rank", type=int, dest="vpp")
+    par.add_argument("--seq-length", type=int)
+    par.add_argument("--sequence-parallel", action="store_true")
+    par.add_argument("--order", default=DEFAULT_ORDER, help=f"rank order (default {DEFAULT_ORDER})")
+    par.add_argument("--use-tp-pp-dp-mapping", action="store_true", help="Megatron's tp-cp-ep-pp-dp order")
+    mod = p.add_argument_group("model (or --hf-config)")
+    mod.add_argument("--hf-config", help="a Hugging Face config.json (or the folder holding it)")
+    mod.add_argument("--num-layers", type=int)
+    mod.add_argument("--num-attention-heads", type=int)
+    mod.add_argument("--num-query-groups", type=int)
+    mod.add_argument("--hidden-size", type=int)
+    mod.add_argument("--ffn-hidden-size", type=int)
+    mod.add_argument("--num-experts", type=int)
+    ck = p.add_argument_group("checkpoint")
+    ck.add_argument("--load", help="a Megatron checkpoint directory to be loaded")
+    ck.add_argument("--trust-checkpoint", action="store_true",
+                    help="read the saved args even when that needs full unpickling (runs the file's code)")
+    out = p.add_argument_group("output")
+    out.add_argument("--device", choices=("npu", "cpu"), default="npu",
+                     help="target whose NCCL-variable counterparts are checked (default npu)")
+    out.add_argument("--max-rows", type=int, default=64)
+    out.add_argument("--json", action="store_true")
+    p.set_defaults(func=_run)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    parser = argparse.ArgumentParser(prog="ascend-patch")
+    register(parser.add_subparsers(dest="command"))
+    namespace = parser.parse_args(["check", *sys.argv[1:]])
+    sys.exit(namespace.func(namespace))

@@ -1,0 +1,198 @@
+"""What parallel layout a Megatron checkpoint directory was saved with, read without loading weights.
+
+The legacy ``torch`` format is ``<dir>/latest_checkpointed_iteration.txt`` (an
+iteration or ``release``) and ``<dir>/iter_XXXXXXX/mp_rank_TT[_PPP][_EEE]/`` folders:
+``_PPP`` appears when PP > 1 and ``_EEE`` when EP > 1, so a two-part name
+(``mp_rank_00_001``) is PP or EP; the saved ``args`` decide, and without them it is
+read as PP. The ``torch_dist`` format (``.metadata`` / ``metadata.json`` in the
+iteration folder) is re-sharded on load and has no per-rank folders.
+
+``args`` is read from the first rank file with ``torch.load(weights_only=True)`` and
+only ``argparse.Namespace`` allowed; a file that needs full unpickling is read only
+with ``trust=True`` (it runs the file's pickle code).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["CheckpointLayout", "probe_checkpoint"]
+
+_RANK_DIR = re.compile(r"mp_rank_(\d{2})(?:_(\d{3}))?(?:_(\d{3}))?\Z")
+_ARG_NAMES = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size",
+              "expert_tensor_parallel_size", "context_parallel_size", "virtual_pipeline_model_parallel_size",
+              "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
+              "group_query_attention", "num_experts", "seq_length", "padded_vocab_size", "world_size",
+              "data_parallel_size", "ckpt_format", "use_distributed_optimizer", "num_layer_list",
+              "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers")
+
+
+@dataclass
+class CheckpointLayout:
+    """A checkpoint directory's format, iteration and saved TP/PP/EP (None when unknown)."""
+
+    path: str
+    format: str  # "torch" | "torch_dist" | "unknown"
+    iteration: int | None
+    iteration_dir: str | None
+    tp: int | None = None
+    pp: int | None = None
+    ep: int | None = None
+    args: dict[str, Any] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)  # the checkpoint itself is broken
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def reshardable(self) -> bool:
+        """torch_dist checkpoints load at any TP/PP; the torch format only at the saved one."""
+        return self.format == "torch_dist"
+
+
+def _read_iteration(path: str, layout: CheckpointLayout) -> str | None:
+    tracker = os.path.join(path, "latest_checkpointed_iteration.txt")
+    if not os.path.exists(tracker):
+        found = sorted(d for d in os.listdir(path) if re.fullmatch(r"iter_\d{7}", d) or d == "release")
+        if not found:
+            layout.problems.append(f"{path} has no latest_checkpointed_iteration.txt and no iter_XXXXXXX/ "
+                                   "or release/ folder: it is not a Megatron checkpoint directory")
+            return None
+        layout.notes.append(f"no latest_checkpointed_iteration.txt; using the newest folder {found[-1]}")
+        name = found[-1]
+    else:
+        with open(tracker, encoding="utf-8") as f:
+            text = f.read().strip()
+        if text == "release":
+            name = "release"
+        else:
+            try:
+                name = f"iter_{int(text):07d}"
+            except ValueError:
+                layout.problems.append(f"{tracker} holds {text!r}, neither an iteration number nor 'release'")
+                return None
+    layout.iteration = 0 if name == "release" else int(name[5:])
+    directory = os.path.join(path, name)
+    if not os.path.isdir(directory):
+        layout.problems.append(f"latest_checkpointed_iteration.txt points at {name}/, which does not exist in {path}")
+        return None
+    return directory
+
+
+def _torch_load(file: str, weights_only: bool) -> Any:
+    import torch
+
+    try:  # mmap: tensors stay on disk, only the pickled structure is read
+        return torch.load(file, map_location="cpu", weights_only=weights_only, mmap=True)
+    except RuntimeError as exc:
+        if "mmap" not in str(exc):
+            raise
+        return torch.load(file, map_location="cpu", weights_only=weights_only)  # legacy (non-zip) file
+
+
+def _load_args(file: str, trust: bool, layout: CheckpointLayout) -> dict[str, Any]:
+    import torch
+
+    try:
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            state = _torch_load(file, weights_only=True)
+    except Exception as exc:
+        if not trust:
+            layout.notes.append(f"args not read from {os.path.basename(file)}: it needs full unpickling "
+                                f"({type(exc).__name__}); pass --trust-checkpoint to read it")
+            return {}
+        try:
+            state = _torch_load(file, weights_only=False)
+        except Exception as exc2:
+            layout.notes.append(f"args not read from {file}: {type(exc2).__name__}: {exc2}")
+            return {}
+    args = state.get("args") if isinstance(state, dict) else None
+    if args is None:
+        layout.notes.append(f"{os.path.basename(file)} holds no 'args'")
+        return {}
+    values = vars(args) if isinstance(args, argparse.Namespace) else dict(args)
+    return {k: values[k] for k in _ARG_NAMES if k in values}
+
+
+def probe_checkpoint(path: str, trust: bool = False) -> CheckpointLayout:
+    """The layout of the Megatron checkpoint in ``path`` (problems recorded, never raised)."""
+    layout = CheckpointLayout(os.path.abspath(path), "unknown", None, None)
+    if not os.path.isdir(path):
+        layout.problems.append(f"--load {path}: no such directory")
+        return layout
+    directory = _read_iteration(path, layout)
+    if directory is None:
+        return layout
+    layout.iteration_dir = directory
+    entries = os.listdir(directory)
+    if ".metadata" in entries or "metadata.json" in entries:
+        layout.format = "torch_dist"
+        common = os.path.join(directory, "common.pt")
+        if os.path.exists(common):
+            layout.args = _load_args(common, trust, layout)
+        layout.tp = layout.args.get("tensor_model_parallel_size")
+        layout.pp = layout.args.get("pipeline_model_parallel_size")
+        layout.ep = layout.args.get("expert_model_parallel_size")
+        return layout
+    ranks = [(_RANK_DIR.match(e), e) for e in entries]
+    ranks = [(m, e) for m, e in ranks if m is not None and os.path.isdir(os.path.join(directory, e))]
+    if not ranks:
+        layout.problems.append(f"{directory} has no mp_rank_* folders and no distributed-checkpoint metadata")
+        return layout
+    layout.format = "torch"
+    first = sorted(e for _, e in ranks)[0]
+    rank_file = os.path.join(directory, first, "model_optim_rng.pt")
+    if os.path.exists(rank_file):
+        layout.args = _load_args(rank_file, trust, layout)
+    parts = {len([g for g in m.groups() if g is not None]) for m, _ in ranks}
+    if len(parts) > 1:
+        layout.problems.append(f"{directory} mixes mp_rank_* folder shapes ({', '.join(sorted(e for _, e in ranks))})")
+        return layout
+    width = parts.pop()
+    tps = {int(m.group(1)) for m, _ in ranks}
+    seconds = {int(m.group(2)) for m, _ in ranks if m.group(2) is not None}
+    thirds = {int(m.group(3)) for m, _ in ranks if m.group(3) is not None}
+    layout.tp = max(tps) + 1
+    args_pp = layout.args.get("pipeline_model_parallel_size")
+    args_ep = layout.args.get("expert_model_parallel_size")
+    if width == 1:
+        layout.pp, layout.ep = 1, 1
+    elif width == 3:
+        layout.pp, layout.ep = max(seconds) + 1, max(thirds) + 1
+    elif args_ep is not None and args_ep > 1 and (args_pp or 1) == 1:
+        layout.pp, layout.ep = 1, max(seconds) + 1
+    else:
+        layout.pp, layout.ep = max(seconds) + 1, 1
+        if not layout.args:
+            layout.notes.append("mp_rank_TT_XXX folders read as TP x PP (they would be TP x EP for an "
+                                "EP>1, PP=1 checkpoint; the saved args would tell)")
+    expected = {(t, p, e) for t in range(layout.tp) for p in range(layout.pp) for e in range(layout.ep)}
+    present = set()
+    for m, _ in ranks:
+        t = int(m.group(1))
+        second = int(m.group(2)) if m.group(2) is not None else 0
+        third = int(m.group(3)) if m.group(3) is not None else 0
+        present.add((t, second, third) if width == 3 else ((t, second, 0) if layout.ep == 1 else (t, 0, second)))
+    missing = sorted(expected - present)
+    if missing:
+        names = ", ".join(_folder(t, p, e, layout) for t, p, e in missing[:6])
+        more = f" and {len(missing) - 6} more" if len(missing) > 6 else ""
+        layout.problems.append(f"{directory} is incomplete: TP={layout.tp} x PP={layout.pp} x EP={layout.ep} "
+                               f"needs {len(expected)} rank folders, {names}{more} missing")
+    for name, folder_value in (("tensor_model_parallel_size", layout.tp), ("pipeline_model_parallel_size", layout.pp),
+                               ("expert_model_parallel_size", layout.ep)):
+        saved = layout.args.get(name)
+        if saved is not None and saved != folder_value:
+            layout.problems.append(f"the saved args say {name}={saved} but the folders say {folder_value}")
+    return layout
+
+
+def _folder(t: int, p: int, e: int, layout: CheckpointLayout) -> str:
+    name = f"mp_rank_{t:02d}"
+    if (layout.pp or 1) > 1:
+        name += f"_{p:03d}"
+    if (layout.ep or 1) > 1:
+        name += f"_{e:03d}"
+    return name

@@ -1,0 +1,319 @@
+"""The patch manager on synthetic targets: apply, remove by identity, defer, re-bind, isolate, conflict."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+import textwrap
+import types
+
+import pytest
+
+import ascend_patch
+from ascend_patch import plugins
+from ascend_patch.adaptors.manager import PatchConflict, PatchError, manager
+from ascend_patch.backend import cpu_backend
+from ascend_patch.config import Settings
+from ascend_patch.hookspec import hookimpl
+from ascend_patch.patch import Action, Patch, PatchKind
+
+
+class _Plugin:
+    def __init__(self, patches):
+        self.patches = patches
+
+    @hookimpl
+    def ascend_patch_register_patches(self, registry, backend):
+        registry.extend(self.patches)
+
+
+@pytest.fixture
+def isolated(monkeypatch):
+    """A plugin manager without built-ins; returns a function that registers test plugins."""
+    pm = plugins.PluginManager(entry_points=False, builtins=False)
+    previous = plugins.reset_plugin_manager(pm)
+
+    def add(name, *patches):
+        pm.register(_Plugin(list(patches)), name, origin="test")
+
+    try:
+        yield add
+    finally:
+        ascend_patch.remove()
+        plugins.reset_plugin_manager(previous)
+
+
+def _module(name, **attrs):
+    mod = types.ModuleType(name)
+    mod.__dict__.update(attrs)
+    sys.modules[name] = mod
+    return mod
+
+
+@pytest.fixture
+def target():
+    def original(x):
+        return ("original", x)
+
+    class Thing:
+        def method(self):
+            return "method"
+
+    mod = _module("ap_target", f=original, Thing=Thing, value=1)
+    yield mod
+    for name in [n for n in sys.modules if n.startswith("ap_")]:
+        del sys.modules[name]
+
+
+def apply_cpu(**changes):
+    return ascend_patch.apply(Settings(device="cpu", **changes), backend=cpu_backend())
+
+
+def test_replace_and_remove_by_identity(isolated, target):
+    original = target.f
+    isolated("t", Patch("ap_target:f", PatchKind.REPLACE, "test", replacement=lambda x: ("new", x)))
+    report = apply_cpu()
+    assert target.f(1) == ("new", 1)
+    assert report.rows("applied")[0].patch.owner == "t"
+    ascend_patch.remove()
+    assert target.f is original
+
+
+def test_make_receives_the_original(isolated, target):
+    isolated("t", Patch("ap_target:f", PatchKind.REPLACE, "test", make=lambda orig: lambda x: ("wrapped",) + orig(x)))
+    apply_cpu()
+    assert target.f(2) == ("wrapped", "original", 2)
+
+
+def test_class_attribute_inherited_is_deleted_on_remove(isolated, target):
+    class Child(target.Thing):
+        pass
+
+    target.Child = Child
+    isolated("t", Patch("ap_target:Child.method", PatchKind.REPLACE, "test", replacement=lambda self: "patched"))
+    apply_cpu()
+    assert Child().method() == "patched" and "method" in vars(Child)
+    ascend_patch.remove()
+    assert "method" not in vars(Child)
+    assert Child().method() == "method"
+
+
+def test_wrap_uses_wrapt_signature(isolated, target):
+    seen = []
+
+    def wrapper(wrapped, instance, args, kwargs):
+        seen.append(args)
+        return ("via wrapper",) + wrapped(*args, **kwargs)
+
+    isolated("t", Patch("ap_target:f", PatchKind.WRAP, "test", wrapper=wrapper))
+    apply_cpu()
+    assert target.f(3) == ("via wrapper", "original", 3)
+    assert seen == [(3,)]
+
+
+def test_second_apply_never_double_wraps(isolated, target):
+    calls = []
+    isolated("t", Patch("ap_target:f", PatchKind.REPLACE, "test",
+                        make=lambda orig: lambda x: calls.append(x) or orig(x)))
+    apply_cpu()
+    first = target.f
+    ascend_patch.apply()
+    ascend_patch.apply(Settings(device="cpu"))
+    assert target.f is first
+    target.f(1)
+    assert calls == [1]
+
+
+def test_rebinds_copies_made_before_and_restores_them(isolated, target):
+    original = target.f
+    user = _module("ap_user", f=target.f, alias=target.f)
+    isolated("t", Patch("ap_target:f", PatchKind.REPLACE, "test", replacement=lambda x: "new"))
+    report = apply_cpu()
+    assert user.f(0) == "new" and user.alias(0) == "new"
+    status = report.rows("applied")[0]
+    assert sorted(status.rebound) == ["ap_user.alias", "ap_user.f"]
+    ascend_patch.remove()
+    assert user.f is original and user.alias is original
+
+
+def test_copy_made_while_patched_is_restored(isolated, target):
+    original = target.f
+    isolated("t", Patch("ap_target:f", PatchKind.REPLACE, "test", replacement=lambda x: "new"))
+    apply_cpu()
+    late = _module("ap_late", f=target.f)  # `from ap_target import f` while patched
+    ascend_patch.remove()
+    assert late.f is original
+
+
+def _write_module(tmp_path, name, body):
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent(body))
+
+
+def test_deferred_until_import(isolated, tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    _write_module(tmp_path, "ap_later", """
+        def g():
+            return "original"
+    """)
+    isolated("t", Patch("ap_later:g", PatchKind.REPLACE, "test", replacement=lambda: "patched"))
+    report = apply_cpu()
+    assert report.rows("deferred")[0].detail == "waiting for import of ap_later"
+    assert "ap_later" not in sys.modules
+    mod = importlib.import_module("ap_later")
+    assert mod.g() == "patched"
+    assert manager.status_of("ap_later:g").state == "applied"
+    ascend_patch.remove()
+    assert mod.g() == "original"
+    del sys.modules["ap_later"]
+
+
+def test_deferred_patch_never_fires_after_remove(isolated, tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    _write_module(tmp_path, "ap_never", "def g():\n    return 'original'\n")
+    isolated("t", Patch("ap_never:g", PatchKind.REPLACE, "test", replacement=lambda: "patched"))
+    apply_cpu()
+    ascend_patch.remove()
+    mod = importlib.import_module("ap_never")
+    assert mod.g() == "original"
+    del sys.modules["ap_never"]
+
+
+def test_missing_target_is_skipped_with_reason(isolated, target):
+    isolated("t", Patch("ap_target:nope", PatchKind.REPLACE, "test", replacement=1),
+             Patch("ap_target:f", PatchKind.REPLACE, "test", replacement=lambda x: "ok"))
+    report = apply_cpu()
+    skipped = report.rows("skipped")
+    assert [s.patch.target for s in skipped] == ["ap_target:nope"]
+    assert "target missing" in skipped[0].detail and "nope" in skipped[0].detail
+    assert target.f(0) == "ok"  # the other patch still applied
+
+
+def test_strict_makes_a_skip_fatal(isolated, target):
+    isolated("t", Patch("ap_target:nope", PatchKind.REPLACE, "test", replacement=1))
+    with pytest.raises(PatchError, match="ap_target.nope: target missing.*ASCEND_PATCH_STRICT=1"):
+        apply_cpu(strict=True)
+
+
+def test_version_out_of_range_is_skipped(isolated, target):
+    isolated("t", Patch("ap_target:f", PatchKind.REPLACE, "test", replacement=1, package="pluggy", versions="<0.1"),
+             Patch("ap_target:value", PatchKind.REPLACE, "test", replacement=2, package="not-a-real-dist-xyz",
+                   versions=">=1"))
+    report = apply_cpu()
+    details = {s.patch.target: s.detail for s in report.rows("skipped")}
+    import pluggy
+
+    assert details["ap_target:f"] == f"pluggy {pluggy.__version__} is outside the checked range <0.1"
+    assert "not-a-real-dist-xyz is not installed" in details["ap_target:value"]
+    assert target.value == 1
+
+
+def test_conflict_names_both_plugins(isolated, target):
+    isolated("first", Patch("ap_target:f", PatchKind.REPLACE, "reason one", replacement=1))
+    isolated("second", Patch("ap_target:f", PatchKind.REPLACE, "reason two", replacement=2))
+    with pytest.raises(PatchConflict) as err:
+        apply_cpu()
+    msg = str(err.value)
+    assert "'first' (reason one)" in msg and "'second' (reason two)" in msg and "ap_target:f" in msg
+    assert not manager.active
+
+
+def test_broken_plugin_does_not_stop_the_others(isolated, target):
+    class Broken:
+        @hookimpl
+        def ascend_patch_register_patches(self, registry, backend):
+            raise RuntimeError("boom")
+
+    plugins.get_plugin_manager().register(Broken(), "broken", origin="brokendist")
+    isolated("good", Patch("ap_target:f", PatchKind.REPLACE, "test", replacement=lambda x: "good"))
+    with pytest.warns(UserWarning, match="plugin 'broken' \\(distribution brokendist\\).*boom"):
+        report = apply_cpu()
+    assert target.f(0) == "good"
+    assert any("boom" in f for f in report.plugin_failures)
+
+
+def test_backend_filter(isolated, target):
+    isolated("t", Patch("ap_target:f", PatchKind.REPLACE, "npu only", replacement=1, backends=frozenset({"npu"})))
+    report = apply_cpu()
+    assert report.statuses == [] and callable(target.f)
+
+
+def test_add_only_when_missing(isolated, target):
+    isolated("t", Patch("ap_target:added", PatchKind.ADD, "test", replacement=5),
+             Patch("ap_target:value", PatchKind.ADD, "test", replacement=7))
+    apply_cpu()
+    assert target.added == 5 and target.value == 1
+    ascend_patch.remove()
+    assert not hasattr(target, "added")
+
+
+def test_env_patch_restores(isolated, monkeypatch):
+    monkeypatch.setenv("AP_SOURCE", "0,1")
+    monkeypatch.delenv("AP_TARGET_VAR", raising=False)
+    isolated("t", Patch("AP_TARGET_VAR", PatchKind.ENV, "test",
+                        make=lambda cur: cur if cur is not None else os.environ.get("AP_SOURCE")))
+    apply_cpu()
+    assert os.environ["AP_TARGET_VAR"] == "0,1"
+    ascend_patch.remove()
+    assert "AP_TARGET_VAR" not in os.environ
+
+
+def test_shim_module_served_only_when_missing_and_removed(isolated, tmp_path, monkeypatch):
+    from ascend_patch.shim import ShimMissing, ShimModule
+
+    def build(name):
+        mod = ShimModule(name, hints={"other": "use ap_shimmed.thing"})
+        mod.thing = 42
+        return mod
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "ap_real").mkdir()
+    (tmp_path / "ap_real" / "__init__.py").write_text("REAL = True\n")
+    isolated("t", Patch("ap_shimmed", PatchKind.MODULE, "test", make=build),
+             Patch("ap_real", PatchKind.MODULE, "test", make=build))
+    report = apply_cpu()
+    states = {s.patch.target: (s.state, s.detail) for s in report.statuses}
+    assert states["ap_real"] == ("skipped", "ap_real is installed; the real package is used")
+    spec = importlib.util.find_spec("ap_shimmed")
+    assert "ascend_patch shim" in spec.origin
+    import ap_shimmed
+
+    assert ap_shimmed.thing == 42
+    with pytest.raises(ShimMissing, match="ap_shimmed.other is not provided.*use ap_shimmed.thing"):
+        ap_shimmed.other  # noqa: B018
+    assert not hasattr(ap_shimmed, "also_missing")
+    import ap_real
+
+    assert ap_real.REAL is True
+    ascend_patch.remove()
+    assert "ap_shimmed" not in sys.modules
+    assert importlib.util.find_spec("ap_shimmed") is None
+    del sys.modules["ap_real"]
+
+
+def test_report_counts_calls_with_first_site(isolated, target):
+    isolated("t", Patch("ap_target:f", PatchKind.REPLACE, "test", replacement=lambda x: x,
+                        action=Action.EMULATED, api="ap.f"))
+    apply_cpu(report="1")
+    target.f(1)
+    line = sys._getframe().f_lineno - 1
+    target.f(2)
+    uses = ascend_patch.report().uses
+    assert [(u.api, u.calls, u.action) for u in uses] == [("ap.f", 2, "emulated")]
+    assert uses[0].first_site == f"{__file__}:{line}"
+
+
+def test_patched_context_manager(isolated, target):
+    original = target.f
+    isolated("t", Patch("ap_target:f", PatchKind.REPLACE, "test", replacement=lambda x: "in"))
+    with ascend_patch.patched(Settings(device="cpu"), backend=cpu_backend()) as report:
+        assert target.f(0) == "in" and report.target == "cpu"
+    assert target.f is original and not manager.active
+
+
+def test_disabled_applies_nothing(isolated, target):
+    original = target.f
+    isolated("t", Patch("ap_target:f", PatchKind.REPLACE, "test", replacement=1))
+    report = ascend_patch.apply(Settings(enabled=False))
+    assert report.target is None and target.f is original

@@ -1,0 +1,206 @@
+"""``ascend-patch check``: the rank table and every inconsistency before launch, exit status 1 on errors."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+import torch
+
+from ascend_patch.cli import main
+from ascend_patch.comm.check import convert_command, preflight
+from ascend_patch.comm.checkpoint_probe import probe_checkpoint
+
+
+def make_checkpoint(root, tp=1, pp=1, ep=1, iteration=100, args=None, skip=(), with_args=True):
+    """A legacy-format Megatron checkpoint: tracker file and iter_XXXXXXX/mp_rank_TT[_PPP][_EEE]/."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "latest_checkpointed_iteration.txt").write_text(str(iteration))
+    values = dict(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, expert_model_parallel_size=ep,
+                  num_layers=8, hidden_size=64, num_attention_heads=4, num_query_groups=2,
+                  group_query_attention=True, ffn_hidden_size=128)
+    values.update(args or {})
+    for t in range(tp):
+        for p in range(pp):
+            for e in range(ep):
+                name = f"mp_rank_{t:02d}" + (f"_{p:03d}" if pp > 1 else "") + (f"_{e:03d}" if ep > 1 else "")
+                if name in skip:
+                    continue
+                folder = root / f"iter_{iteration:07d}" / name
+                folder.mkdir(parents=True)
+                state = {"iteration": iteration, "checkpoint_version": 3.0, "model": {"w": torch.zeros(2)}}
+                if with_args:
+                    state["args"] = argparse.Namespace(**values)
+                torch.save(state, folder / "model_optim_rng.pt")
+    return root
+
+
+def hf_config(tmp_path, layers=8, heads=4, kv=2, ffn=128):
+    from transformers import Qwen2Config
+
+    cfg = Qwen2Config(hidden_size=64, intermediate_size=ffn, num_attention_heads=heads, num_key_value_heads=kv,
+                      num_hidden_layers=layers, vocab_size=1000, max_position_embeddings=256)
+    cfg.architectures = ["Qwen2ForCausalLM"]
+    cfg.save_pretrained(tmp_path / "hf")
+    return str(tmp_path / "hf" / "config.json")
+
+
+def run(capsys, *argv):
+    code = main(["check", *map(str, argv)])
+    return code, capsys.readouterr().out
+
+
+def test_pp_mismatch_names_both_sizes_and_the_reshard_command(tmp_path, capsys):
+    ckpt = make_checkpoint(tmp_path / "ckpt", tp=1, pp=4)
+    code, out = run(capsys, "--world-size", 8, "--load", ckpt)
+    assert code == 1
+    assert "this checkpoint was saved with PP=4 but you are launching PP=1" in out
+    expected = (f"ascend-patch convert --load-model-type mg --save-model-type mg --load-dir {ckpt} "
+                f"--save-dir {ckpt}_tp1_pp1 --target-tensor-parallel-size 1 --target-pipeline-parallel-size 1")
+    assert expected in out
+    assert f"then launch with --load {ckpt}_tp1_pp1" in out
+    assert "saved TP=1 PP=4 EP=1" in out
+    assert convert_command(str(ckpt), 1, 1) == expected
+
+
+def test_tp_and_pp_both_differ(tmp_path, capsys):
+    ckpt = make_checkpoint(tmp_path / "ckpt", tp=2, pp=2)
+    code, out = run(capsys, "--world-size", 8, "--tp", 4, "--pp", 1, "--load", ckpt)
+    assert code == 1
+    assert "saved with TP=2 and PP=2 but you are launching TP=4 and PP=1" in out
+    assert "--target-tensor-parallel-size 4 --target-pipeline-parallel-size 1" in out
+
+
+def test_matching_launch_prints_the_rank_table_and_passes(tmp_path, capsys):
+    ckpt = make_checkpoint(tmp_path / "ckpt", tp=2, pp=2)
+    code, out = run(capsys, "--nnodes", 2, "--nproc-per-node", 4, "--tensor-model-parallel-size", 2,
+                    "--pipeline-model-parallel-size", 2, "--load", ckpt, "--hf-config", hf_config(tmp_path))
+    assert code == 0, out
+    assert "8 ranks (2 nodes x 4): TP=2 x CP=1 x DP=2 x PP=2" in out
+    lines = out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.split()[:8] == ["rank", "node", "local", "tp", "cp",
+                                                                           "ep", "dp", "pp"])
+    assert lines[header + 2 + 5].split() == ["5", "1", "1", "1", "0", "0", "0", "1"]  # rank 5: node 1, pp 1
+    assert "PP groups (4 x 2): [0, 4] [1, 5] [2, 6] [3, 7]" in out
+    assert out.rstrip().endswith("OK: no errors")
+
+
+def test_model_errors_from_an_hf_config(tmp_path, capsys):
+    config = hf_config(tmp_path, layers=28, heads=4, kv=2, ffn=128)
+    code, out = run(capsys, "--world-size", 24, "--tp", 3, "--pp", 8, "--hf-config", config)
+    assert code == 1
+    assert "4 attention heads cannot be split over 3 tensor-parallel ranks; use --tensor-model-parallel-size " \
+           "1, 2 or 4" in out
+    assert "2 query groups (KV heads) do not fit 3 tensor-parallel ranks" in out
+    assert "FFN hidden size 128 cannot be split over 3 tensor-parallel ranks" in out
+    assert "28 layers cannot be split over 8 pipeline stages; use --pipeline-model-parallel-size 1, 2, 4, 7, 14 " \
+           "or 28, or give --num-layer-list" in out
+    code, out = run(capsys, "--world-size", 16, "--tp", 2, "--pp", 8, "--hf-config", config,
+                    "--num-layer-list", "4,4,4,4,3,3,3,3")
+    assert code == 0, out
+
+
+def test_checkpoint_and_config_of_different_models(tmp_path, capsys):
+    ckpt = make_checkpoint(tmp_path / "ckpt", args={"num_layers": 8})
+    code, out = run(capsys, "--world-size", 1, "--load", ckpt, "--hf-config", hf_config(tmp_path, layers=6))
+    assert code == 1
+    assert "the checkpoint was saved with num_layers=8 but qwen2 from" in out and "says 6" in out
+
+
+def test_world_errors(capsys):
+    code, out = run(capsys, "--world-size", 6, "--tp", 2, "--pp", 2)
+    assert code == 1 and "world size 6 is not divisible by TP x PP x CP = 2 x 2 x 1 = 4" in out
+    code, out = run(capsys, "--world-size", 6, "--nnodes", 2, "--nproc-per-node", 4)
+    assert code == 1 and "--world-size 6 disagrees with --nnodes 2 x --nproc-per-node 4 = 8" in out
+    code, out = run(capsys, "--tp", 2)
+    assert code == 1 and "give --world-size, or --nnodes and --nproc-per-node" in out
+    code, out = run(capsys, "--world-size", 16, "--cp", 2, "--seq-length", 4095)
+    assert code == 1 and "sequence length 4095 cannot be split into 2 x CP = 4 chunks (CP=2)" in out
+
+
+def test_tp_spanning_nodes_is_a_warning(capsys):
+    code, out = run(capsys, "--nnodes", 2, "--nproc-per-node", 4, "--tp", 8)
+    assert code == 0
+    assert "TP group [0, 1, 2, 3, 4, 5, 6, 7] spans nodes 0, 1" in out
+
+
+def test_incomplete_checkpoint(tmp_path, capsys):
+    ckpt = make_checkpoint(tmp_path / "ckpt", pp=4, skip=("mp_rank_00_002",))
+    code, out = run(capsys, "--world-size", 4, "--pp", 4, "--load", ckpt)
+    assert code == 1
+    assert "is incomplete: TP=1 x PP=4 x EP=1 needs 4 rank folders, mp_rank_00_002 missing" in out
+
+
+def test_two_part_folder_names_read_with_the_saved_args(tmp_path):
+    ep_ckpt = make_checkpoint(tmp_path / "ep", tp=1, pp=1, ep=2)  # mp_rank_00_000, mp_rank_00_001 = EP
+    layout = probe_checkpoint(str(ep_ckpt))
+    assert (layout.format, layout.tp, layout.pp, layout.ep, layout.iteration) == ("torch", 1, 1, 2, 100)
+    bare = make_checkpoint(tmp_path / "bare", pp=2, with_args=False)
+    layout = probe_checkpoint(str(bare))
+    assert (layout.pp, layout.ep) == (2, 1)
+    assert any("read as TP x PP" in n for n in layout.notes)
+    assert any("holds no 'args'" in n for n in layout.notes)
+
+
+def test_layer_placement_mismatch_at_equal_pp(tmp_path, capsys):
+    ckpt = make_checkpoint(tmp_path / "ckpt", pp=2)
+    code, out = run(capsys, "--world-size", 2, "--pp", 2, "--load", ckpt, "--num-layer-list", "5,3")
+    assert code == 1
+    assert "places layers 4,4 on its 2 pipeline stages but the launch places 5,3" in out
+    assert "--num-layer-list 5,3" in out
+
+
+def test_distributed_checkpoint_reshards_on_load(tmp_path):
+    iteration = tmp_path / "dist" / "iter_0000010"
+    iteration.mkdir(parents=True)
+    (tmp_path / "dist" / "latest_checkpointed_iteration.txt").write_text("10")
+    (iteration / ".metadata").write_bytes(b"")
+    torch.save({"args": argparse.Namespace(tensor_model_parallel_size=2, pipeline_model_parallel_size=4,
+                                           num_layers=8)}, iteration / "common.pt")
+    report = preflight(world_size=8, tp=1, pp=1, load=str(tmp_path / "dist"))
+    assert report.errors == []
+    assert report.checkpoint.format == "torch_dist" and (report.checkpoint.tp, report.checkpoint.pp) == (2, 4)
+    assert any("re-shards it on load" in n for n in report.notes)
+
+
+def test_broken_tracker_and_missing_directory(tmp_path):
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "latest_checkpointed_iteration.txt").write_text("50")
+    report = preflight(world_size=1, load=str(tmp_path / "c"))
+    assert any("points at iter_0000050/, which does not exist" in e for e in report.errors)
+    report = preflight(world_size=1, load=str(tmp_path / "nowhere"))
+    assert any("no such directory" in e for e in report.errors)
+
+
+def test_json_output(capsys):
+    code, out = run(capsys, "--world-size", 8, "--tp", 2, "--ep", 2, "--json")
+    data = json.loads(out)
+    assert code == 0
+    assert data["layout"] == {"tp": 2, "pp": 1, "dp": 4, "cp": 1, "ep": 2, "expert_tp": 2, "expert_dp": 2,
+                              "order": "tp-cp-ep-dp-pp"}
+    assert data["ranks"][3] == {"rank": 3, "node": 0, "local_rank": 3, "tp": 1, "cp": 0, "ep": 1, "dp": 1,
+                                "pp": 0, "expert_tp": 1, "expert_dp": 0}
+    assert data["groups"]["expert_model_parallel"][:2] == [[0, 2], [1, 3]]
+
+
+def test_unmapped_nccl_variables_are_warned_about(capsys, monkeypatch):
+    monkeypatch.setenv("NCCL_IB_HCA", "mlx5_0")
+    code, out = run(capsys, "--world-size", 1)
+    assert code == 0
+    assert "NCCL_IB_HCA has no HCCL counterpart; it has no effect on the npu target" in out
+
+
+@pytest.mark.parametrize("argv", [["--help"]])
+def test_help_lists_the_command(argv, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["check", *argv])
+    assert info.value.code == 0
+    assert "--nproc-per-node" in capsys.readouterr().out
+
+
+def test_mismatch_says_which_folders_each_side_has(tmp_path, capsys):
+    ckpt = make_checkpoint(tmp_path / "ckpt", tp=2, pp=4)
+    code, out = run(capsys, "--world-size", 8, "--tp", 2, "--pp", 1, "--load", ckpt)
+    assert code == 1
+    assert "rank 0 would look for mp_rank_00/, the checkpoint has mp_rank_00_000/ .. mp_rank_01_003/" in out

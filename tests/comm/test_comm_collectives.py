@@ -1,0 +1,32 @@
+"""Collectives on the cpu target over gloo, at world sizes 2 and 4, against single-process references."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the spawned workers import comm_workers
+
+import comm_workers  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_every_collective_form_matches_the_single_process_result(world):
+    # all_reduce, all_gather_into_tensor (both output forms), reduce_scatter_tensor (both input forms),
+    # all_to_all_single (even and uneven), broadcast, batch_isend_irecv, coalescing managers,
+    # async handles, bf16/fp16/float8, PREMUL_SUM, subgroups: see comm_collective_checks.CHECKS
+    comm_workers.spawn(comm_workers.run_all, world)
+
+
+@pytest.mark.parametrize("world", [2])
+def test_plain_gloo_lacks_what_the_fallbacks_provide(world):
+    # if torch's gloo gains one of these forms, this fails and the fallback can go
+    comm_workers.spawn(comm_workers.gaps_unpatched, world)
+
+
+def test_device_mesh_for_cuda_runs_dtensor_and_fsdp2_on_the_host():
+    comm_workers.spawn(comm_workers.mesh_and_fsdp, 2)

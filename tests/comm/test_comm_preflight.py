@@ -1,0 +1,107 @@
+"""Every preflight error names the numbers and a remedy."""
+
+from __future__ import annotations
+
+import pytest
+
+from ascend_patch.comm.preflight import (
+    CONVERT_FLAGS,
+    ParallelConfigError,
+    check_experts,
+    check_ffn_hidden_size,
+    check_heads,
+    check_layers,
+    check_query_groups,
+    check_seq_length,
+    check_world_size,
+    collect,
+    stage_layer_ranges,
+)
+
+
+def _message(fn, *args, **kwargs) -> str:
+    with pytest.raises(ParallelConfigError) as info:
+        fn(*args, **kwargs)
+    return str(info.value)
+
+
+def test_layers_over_pipeline_stages():
+    assert _message(check_layers, 28, 8, flags=CONVERT_FLAGS) == (
+        "28 layers cannot be split over 8 pipeline stages; use --target-pipeline-parallel-size "
+        "1, 2, 4, 7, 14 or 28, or give --num-layer-list")
+    assert check_layers(28, 4) == [7, 7, 7, 7]
+    assert check_layers(28, 8, num_layer_list="4,4,4,4,3,3,3,3") == [4, 4, 4, 4, 3, 3, 3, 3]
+
+
+def test_layer_list_errors():
+    assert "sums to 27 but the model has 28 layers" in _message(check_layers, 28, 4, num_layer_list="7,7,7,6")
+    assert "has 3 entries but there are 4 pipeline stages" in _message(check_layers, 28, 4, num_layer_list=[10, 9, 9])
+    assert "gives a stage no layers" in _message(check_layers, 28, 4, num_layer_list="14,14,0,0")
+    assert "cannot be combined with virtual pipeline stages (VPP=2)" in _message(
+        check_layers, 28, 4, vpp=2, num_layer_list="7,7,7,7")
+
+
+def test_layers_over_virtual_stages():
+    msg = _message(check_layers, 24, 4, vpp=4)
+    assert "24 layers cannot be split over 4 pipeline stages x 4 virtual stages = 16 chunks" in msg
+    assert "--num-virtual-stages-per-pipeline-rank 2, 3 or 6" in msg
+
+
+def test_stage_layer_ranges_follow_megatron_placement():
+    assert stage_layer_ranges(8, 2) == [[range(0, 4)], [range(4, 8)]]
+    assert stage_layer_ranges(7, 2, num_layer_list=[4, 3]) == [[range(0, 4)], [range(4, 7)]]
+    # interleaved: chunk v of stage p holds v*L/vp + p*L/(PP*vp) + j
+    assert stage_layer_ranges(8, 2, vpp=2) == [[range(0, 2), range(4, 6)], [range(2, 4), range(6, 8)]]
+
+
+def test_world_size():
+    msg = _message(check_world_size, 6, tp=2, pp=2)
+    assert "world size 6 is not divisible by TP x PP x CP = 2 x 2 x 1 = 4" in msg
+    assert "launch 4 or 8 ranks" in msg
+    assert "--pipeline-model-parallel-size 1 or 3 (with TP=2, CP=1)" in msg
+    assert "--tensor-model-parallel-size 1, 3 or 6 (with PP=2, CP=1)" not in msg  # 6 % (t*2) needs t in 1, 3
+    assert "--tensor-model-parallel-size 1 or 3 (with PP=2, CP=1)" in msg
+    assert check_world_size(16, tp=2, pp=2, cp=2) == 2
+    assert "needs DP = 16 / (2 x 2 x 2) = 2, but DP = 4 was given" in _message(check_world_size, 16, 2, 2, 2, dp=4)
+    msg = _message(check_world_size, 8, tp=2, ep=3)
+    assert "expert TP x EP x PP = 2 x 3 x 1 = 6" in msg and "--expert-model-parallel-size 1, 2 or 4" in msg
+    assert "TP must be a positive integer, got 0" in _message(check_world_size, 8, tp=0)
+
+
+def test_heads_query_groups_ffn_experts():
+    assert _message(check_heads, 32, 3) == (
+        "32 attention heads cannot be split over 3 tensor-parallel ranks; use --tensor-model-parallel-size "
+        "1, 2, 4, 8, 16 or 32")
+    assert check_heads(32, 4) == 8
+    assert check_query_groups(8, 4) == 2
+    assert check_query_groups(2, 8, num_attention_heads=16) == 1  # KV heads replicated (megatron-core 0.16)
+    msg = _message(check_query_groups, 4, 3, num_attention_heads=12)
+    assert "4 query groups (KV heads) do not fit 3 tensor-parallel ranks" in msg and "1, 2 or 4" in msg
+    msg = _message(check_query_groups, 2, 8, num_attention_heads=16, allow_replication=False)
+    assert "cannot be replicated" in msg and "use --tensor-model-parallel-size 1 or 2" in msg
+    assert "16 attention heads cannot form 3 query groups" in _message(check_query_groups, 3, 1, 16)
+    assert "FFN hidden size 11008 cannot be split over 3 tensor-parallel ranks" in _message(
+        check_ffn_hidden_size, 11008, 3)
+    assert "60 experts cannot be split over 8 expert-parallel ranks; use --expert-model-parallel-size" in _message(
+        check_experts, 60, 8)
+
+
+def test_sequence_length_vs_context_parallel():
+    msg = _message(check_seq_length, 4095, 2)
+    assert "sequence length 4095 cannot be split into 2 x CP = 4 chunks (CP=2)" in msg
+    assert "--seq-length 4092 or 4096" in msg and "--context-parallel-size 1" in msg
+    assert check_seq_length(4096, 4) == 1024  # tokens each CP rank holds
+    msg = _message(check_seq_length, 4096, 4, tp=3, sequence_parallel=True)  # 4096 % 8 == 0 but % 24 != 0
+    assert "CP x TP = 12 sequence-parallel shards (TP=3)" in msg and "multiple of 24" in msg
+    assert check_seq_length(4104, 1, tp=3, sequence_parallel=True) == 1368
+
+
+def test_collect_gathers_every_failure():
+    errors = collect(lambda: check_heads(32, 3), lambda: check_layers(28, 4), lambda: check_layers(28, 8))
+    assert [e.code for e in errors] == ["heads", "layers"]
+
+
+def test_sequence_parallel_remedy_names_tp_when_no_cp_fits():
+    msg = _message(check_seq_length, 4096, 4, tp=3, sequence_parallel=True)
+    assert "--tensor-model-parallel-size 1, 2, 4, 8, 16 or 32" in msg and "no --sequence-parallel" in msg
+    assert "--context-parallel-size" not in msg  # no CP size fits TP=3 with sequence parallelism
