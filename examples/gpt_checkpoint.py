@@ -22,9 +22,19 @@ import random
 import torch
 import torch.distributed as dist
 
-__all__ = ["save", "load", "checkpoint_dir", "read_iteration"]
+__all__ = ["save", "load", "checkpoint_dir", "read_iteration", "unwrap"]
 
 TRACKER = "latest_checkpointed_iteration.txt"
+
+
+def unwrap(model):
+    """The GPTModel inside DistributedDataParallel / Float16Module (what Megatron-LM's unwrap_model does)."""
+    from megatron.core.distributed import DistributedDataParallel
+    from megatron.core.transformer.module import Float16Module
+
+    while isinstance(model, (DistributedDataParallel, Float16Module)):
+        model = model.module
+    return model
 
 
 def checkpoint_dir(root, iteration, tp_rank, pp_rank, pp_size):
@@ -88,7 +98,7 @@ def save(args, iteration, model, optimizer, scheduler):
         optimizer.save_parameter_state(os.path.join(folder, "distrib_optim.pt"))  # DP rank 0 writes
     if writer:
         state = {"args": _saved_args(args, iteration), "checkpoint_version": 3.0, "iteration": iteration,
-                 "model": model.module.state_dict_for_save_checkpoint(), "rng_state": _rng_state()}
+                 "model": unwrap(model).state_dict_for_save_checkpoint(), "rng_state": _rng_state()}
         if not args.no_save_optim:
             state["optimizer"] = optimizer.state_dict()
             state["opt_param_scheduler"] = scheduler.state_dict()
@@ -123,7 +133,7 @@ def load(args, model, optimizer, scheduler):
         if saved is not None and getattr(saved, name, None) != getattr(args, name):
             raise ValueError(f"--load {args.load}: saved with {name}={getattr(saved, name)}, launched with "
                              f"{getattr(args, name)}")
-    model.module.load_state_dict(state["model"], strict=True)
+    unwrap(model).load_state_dict(state["model"], strict=True)
     if args.finetune or release:
         return 0
     if not args.no_load_optim:

@@ -195,6 +195,10 @@ def build_model(args, config):
         position_embedding_type=args.position_embedding_type, rotary_percent=args.rotary_percent,
         rotary_base=args.rotary_base)
     model.cuda(torch.cuda.current_device())
+    if args.bf16 or args.fp16:
+        from megatron.core.transformer.module import Float16Module
+
+        model = Float16Module(config, model)  # 16-bit params, inputs and outputs, as Megatron-LM wraps it
     ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
                                                use_distributed_optimizer=args.use_distributed_optimizer)
     return DistributedDataParallel(config=config, ddp_config=ddp_config, module=model)
