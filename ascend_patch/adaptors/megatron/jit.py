@@ -12,11 +12,11 @@ pieces, L2 norm) at import time.
   that matter on Ascend (SwiGLU, RoPE, RMSNorm, softmax) are routed to torch_npu kernels
   by ``ascend_patch.ops``; MindSpeed makes the same choice.
 
-So on both targets ``jit_fuser`` becomes a pass-through decorator. The functions
-megatron-core 0.16 decorates at import (:data:`COMPILED_AT_IMPORT`) get one REPLACE patch
-each that puts back the eager original when megatron-core was imported before
-ascend_patch was applied (and leaves the function as it is otherwise), so the order of
-imports does not matter and the patch table does not depend on it. Functions decorated
+So on both targets ``jit_fuser`` becomes a pass-through decorator. Of the functions
+megatron-core 0.16 decorates at import (:data:`COMPILED_AT_IMPORT`), those already compiled
+when the patches are applied (megatron-core imported first) get one REPLACE patch each that
+puts back the eager original, so the order of imports does not matter. They are shown
+under the ``jit_fuser`` entry point, with its reason. Functions decorated
 later inside other functions (the MoE experts' activations) follow ``jit_fuser``'s value
 in their module, which is eager when megatron-core is imported after the patch.
 """
@@ -89,18 +89,27 @@ def compiled_functions() -> Iterator[tuple[str, str, Callable[..., Any]]]:
                         yield name, f"{attr}.{meth}", original
 
 
-def _eager_original(current: Callable[..., Any]) -> Callable[..., Any]:
-    return getattr(current, "_torchdynamo_orig_callable", current)
+def _compiled_now(module: str, path: str) -> Callable[..., Any] | None:
+    owner: Any = sys.modules.get(module)
+    if owner is None:
+        return None  # imported later, it is decorated by the patched (eager) jit_fuser
+    for part in path.split("."):
+        owner = getattr(owner, part, None)
+        if owner is None:
+            return None
+    return getattr(owner, "_torchdynamo_orig_callable", None)
 
 
 def jit_patches() -> list[Patch]:
-    """``jit_fuser`` -> eager, and each function compiled at import back to eager."""
+    """``jit_fuser`` -> eager, and each function already compiled at import back to eager."""
     api = "megatron.core.jit.jit_fuser (torch.compile)"
     patches = [Patch("megatron.core.jit:jit_fuser", PatchKind.REPLACE, _REASON, replacement=eager,
                      package=PACKAGE, versions=VERSIONS, action=Action.EMULATED, api=api, count_calls=False,
                      rebind=False)]  # the original *is* torch.compile: never re-bind torch's own name
     for module, attr in COMPILED_AT_IMPORT:
-        patches.append(Patch(f"{module}:{attr}", PatchKind.REPLACE, _REASON, make=_eager_original,
-                             package=PACKAGE, versions=VERSIONS, action=Action.EMULATED, api=api,
-                             count_calls=False))
+        original = _compiled_now(module, attr)
+        if original is not None:  # same entry point and behaviour as the jit_fuser row of the table
+            patches.append(Patch(f"{module}:{attr}", PatchKind.REPLACE, _REASON, replacement=original,
+                                 package=PACKAGE, versions=VERSIONS, action=Action.EMULATED, api=api,
+                                 count_calls=False))
     return patches
