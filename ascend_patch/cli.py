@@ -18,6 +18,7 @@ __all__ = ["main", "COMMAND_MODULES"]
 COMMAND_MODULES: tuple[str, ...] = (
     "ascend_patch.cli",
     "ascend_patch.comm.check",
+    "ascend_patch.loaders.cli",
     "ascend_patch.models.args_cli",
 )
 

@@ -33,6 +33,7 @@ BUILTIN_PLUGINS: dict[str, str] = {
     "device": "ascend_patch.adaptors.device_plugin",
     "comm": "ascend_patch.comm.plugin",
     "models": "ascend_patch.models.plugin",
+    "loaders": "ascend_patch.loaders.plugin",
     "megatron": "ascend_patch.adaptors.megatron.plugin",
 }
 

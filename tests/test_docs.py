@@ -2,7 +2,7 @@
 
 import os
 
-from conftest import REPO
+from helpers import REPO
 
 
 def test_coverage_table_matches_the_patch_table():

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from conftest import child_env
+from helpers import child_env
 
 
 def _doctor(tmp_path, **env):

@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from conftest import child_env
+from helpers import child_env
 
 PLUGIN = '''
 from ascend_patch.hookspec import hookimpl

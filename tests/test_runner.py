@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, child_env
+from helpers import REPO, child_env
 
 MNIST = os.path.join(REPO, "examples", "mnist_cnn.py")
 SMALL = ["--train-size", "512", "--epochs", "2", "--log-interval", "1000"]

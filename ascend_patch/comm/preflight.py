@@ -67,7 +67,7 @@ class ParallelFlags:
 
 TRAINING_FLAGS = ParallelFlags()
 CONVERT_FLAGS = ParallelFlags(tp="--target-tensor-parallel-size", pp="--target-pipeline-parallel-size",
-                              ep="--target-expert-parallel-size")
+                              ep="--target-expert-parallel-size", vpp="--virtual-pipeline-parallel-size")
 
 
 def divisors(n: int) -> list[int]:

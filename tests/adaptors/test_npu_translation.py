@@ -6,7 +6,7 @@ import subprocess
 import sys
 import textwrap
 
-from conftest import REPO, child_env
+from helpers import REPO, child_env
 
 _SCRIPT = textwrap.dedent("""
     import os, sys, json

@@ -14,7 +14,7 @@ from ascend_patch.comm.topology import MEGATRON_GROUPS, ParallelLayout
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from comm_workers import free_port  # noqa: E402
 
-from conftest import child_env  # noqa: E402
+from helpers import child_env  # noqa: E402
 
 pytestmark = pytest.mark.slow
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "megatron_groups_script.py")

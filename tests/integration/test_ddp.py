@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from conftest import REPO, child_env
+from helpers import REPO, child_env
 
 pytestmark = pytest.mark.slow
 

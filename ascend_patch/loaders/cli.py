@@ -1,0 +1,185 @@
+"""``ascend-patch convert`` and ``ascend-patch verify``.
+
+``convert`` takes the flags MindSpeed-LLM's ``convert_ckpt.py`` users type
+(``--load-model-type hf --save-model-type mg --model-type-hf qwen3
+--target-tensor-parallel-size 2 ...``) and Megatron-LM's ``--loader/--saver`` form.
+Flags those tools need for their own machinery (``--use-mcore-models``,
+``--tokenizer-model``, ``--megatron-path``) are accepted and have no effect here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+__all__ = ["register", "options_from_args", "run_convert", "run_verify"]
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.replace(" ", ",").split(",") if x)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated layer counts like 4,6,6,4, got {text!r}") from None
+
+
+def add_convert_arguments(p: argparse.ArgumentParser) -> None:
+    io = p.add_argument_group("what to convert")
+    io.add_argument("--loader", "--load-model-type", dest="loader", default="hf",
+                    help="source format: hf, mg, or a plugin's name (aliases: llama_hf, qwen_hf, mcore, core, ...)")
+    io.add_argument("--saver", "--save-model-type", dest="saver", default="mg",
+                    help="target format: hf, mg, or a plugin's name")
+    io.add_argument("--load-dir", required=True, help="source checkpoint directory")
+    io.add_argument("--save-dir", required=True, help="output directory (must be empty unless --force)")
+    io.add_argument("--model-type-hf", help="model family: llama, llama2, llama3, mistral, qwen2, qwen2.5, qwen3 "
+                    "(default: from config.json)")
+    io.add_argument("--model-type", default="GPT", help="Megatron model type; only GPT is converted")
+    io.add_argument("--spec", nargs="+", metavar="SPEC", help="a model spec name (qwen3), or Megatron's 'module attr' "
+                    "form; used as the family when --model-type-hf is not given")
+
+    par = p.add_argument_group("target layout (mg)")
+    par.add_argument("--target-tensor-parallel-size", type=int, default=1)
+    par.add_argument("--target-pipeline-parallel-size", type=int, default=1)
+    par.add_argument("--virtual-pipeline-parallel-size", "--virtual-pipeline-model-parallel-size", type=int,
+                     default=None, dest="vpp", help="model chunks per pipeline rank (interleaved schedule)")
+    par.add_argument("--num-layers-per-virtual-pipeline-stage", type=int, default=None,
+                     help="layers per virtual chunk (the other way to give the virtual pipeline size)")
+    par.add_argument("--num-layer-list", type=_int_list, default=None,
+                     help="layers per pipeline stage for an uneven split, e.g. 4,6,6,4")
+    par.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
+    par.add_argument("--saver-transformer-impl", "--transformer-impl", dest="transformer_impl", default="local",
+                     choices=("local", "transformer_engine", "te"),
+                     help="key naming of the mg output: local spec (default; no TE on Ascend/cpu) or TE spec")
+    par.add_argument("--loader-transformer-impl", default=None, choices=("local", "transformer_engine", "te"),
+                     help="accepted for compatibility; the mg loader reads either naming from the keys")
+    par.add_argument("--iteration", type=int, default=None, help="iteration number of the mg output (default 1, or "
+                     "the source's for mg -> mg)")
+
+    misc = p.add_argument_group("dtype, vocabulary, output")
+    misc.add_argument("--params-dtype", default=None, choices=("fp32", "bf16", "fp16"),
+                      help="dtype of the written tensors (default: the source's)")
+    misc.add_argument("--true-vocab-size", "--vocab-size", dest="true_vocab_size", type=int, default=None,
+                      help="the unpadded vocabulary, for Megatron checkpoints that do not record it")
+    misc.add_argument("--max-shard-size", default="5GB", help="hf output: largest safetensors shard (e.g. 2GB, 500MB)")
+    misc.add_argument("--force", action="store_true", help="write into a non-empty --save-dir, replacing what the "
+                      "conversion writes there")
+    misc.add_argument("--zip-crc", action="store_true", help="mg output: compute the zip CRC-32 of every tensor "
+                      "record (torch.load does not need them; unzip -t does); the data then passes through memory")
+    misc.add_argument("--verify", action="store_true", help="re-read the output and check it (tensors and key sets)")
+    misc.add_argument("--progress", dest="progress", action="store_true", default=None,
+                      help="show the progress bar even when stderr is not a terminal")
+    misc.add_argument("--no-progress", dest="progress", action="store_false")
+    misc.add_argument("--add-qkv-bias", action="store_true", help="checked against the model config")
+    misc.add_argument("--qk-layernorm", action="store_true", help="checked against the model config")
+    for flag in ("--use-mcore-models", "--use-mcore"):
+        misc.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
+    misc.add_argument("--tokenizer-model", default=None, help="accepted for compatibility (tokenizers are not converted)")
+    misc.add_argument("--megatron-path", default=None, help=argparse.SUPPRESS)
+
+
+def options_from_args(args: argparse.Namespace) -> Any:
+    from ..models.registry import get_spec_registry
+    from .formats import ConvertOptions
+    from .hf import parse_size
+
+    family = args.model_type_hf
+    extra: dict[str, Any] = {}
+    if family is None and args.spec:
+        words = args.spec if len(args.spec) > 1 else args.spec[0].split()
+        known = {n.lower() for s in get_spec_registry().specs() for n in s.names}
+        guess = words[0] if len(words) == 1 else words[0].rsplit(".", 1)[-1].removesuffix("_spec")
+        if guess.lower() in known:
+            family = guess
+    if args.add_qkv_bias or args.qk_layernorm:
+        extra["claimed"] = {"add_qkv_bias": args.add_qkv_bias, "qk_layernorm": args.qk_layernorm}
+    if args.zip_crc:
+        extra["zip_crc"] = True
+    if args.num_layers_per_virtual_pipeline_stage:
+        extra["layers_per_virtual_stage"] = args.num_layers_per_virtual_pipeline_stage
+    return ConvertOptions(
+        target_tp=args.target_tensor_parallel_size, target_pp=args.target_pipeline_parallel_size,
+        target_vpp=args.vpp or 1, num_layer_list=args.num_layer_list,
+        make_vocab_size_divisible_by=args.make_vocab_size_divisible_by, params_dtype=args.params_dtype,
+        naming="te" if args.transformer_impl in ("te", "transformer_engine") else "local", model_type_hf=family,
+        true_vocab_size=args.true_vocab_size, max_shard_size=parse_size(args.max_shard_size),
+        iteration=args.iteration, force=args.force, verify=args.verify, progress=args.progress, extra=extra)
+
+
+def run_convert(args: argparse.Namespace) -> int:
+    from .blocks import CorruptCheckpoint
+    from .engine import Interrupted, convert
+    from .formats import UnknownFormat
+    from .preflight import PreflightError
+    from .torch_io import UnsafeCheckpoint
+    from ..models.hf_config import ConfigMismatch
+    from ..models.registry import UnknownSpec
+
+    if args.model_type.upper() != "GPT":
+        print(f"ascend-patch convert: --model-type {args.model_type} is not supported (only GPT)", file=sys.stderr)
+        return 2
+    try:
+        options = options_from_args(args)
+        options = _resolve_vpp(options, args)
+        result = convert(args.load_dir, args.save_dir, args.loader, args.saver, options)
+    except (PreflightError, UnknownFormat, UnknownSpec, ConfigMismatch, CorruptCheckpoint, UnsafeCheckpoint,
+            ValueError) as exc:
+        print(f"ascend-patch convert: {exc}", file=sys.stderr)
+        return 2
+    except Interrupted as exc:
+        print(f"ascend-patch convert: {exc}", file=sys.stderr)
+        return 130
+    print(result.summary())
+    if result.verify is not None and not result.verify.ok:
+        return 1
+    return 0
+
+
+def _resolve_vpp(options: Any, args: argparse.Namespace) -> Any:
+    """--num-layers-per-virtual-pipeline-stage K -> chunks per rank, once the layer count is known."""
+    per = options.extra.get("layers_per_virtual_stage")
+    if not per:
+        return options
+    import dataclasses
+
+    from .formats import get_format_registry
+
+    source = get_format_registry().loader(args.loader).open(args.load_dir, options)
+    layers, pp = source.config.num_layers, options.target_pp
+    if layers % (pp * per):
+        raise ValueError(f"{layers} layers cannot be split into chunks of {per} over {pp} pipeline stages; "
+                         f"valid chunk sizes: {', '.join(str(k) for k in range(1, layers + 1) if layers % (pp * k) == 0)}")
+    return dataclasses.replace(options, target_vpp=layers // (pp * per))
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    from .formats import ConvertOptions
+    from .verify import verify
+
+    try:
+        report = verify(args.load_dir, args.source_dir, loader=args.loader, source_loader=args.source_loader,
+                        options=ConvertOptions(model_type_hf=args.model_type_hf,
+                                               true_vocab_size=args.true_vocab_size),
+                        check_keys=not args.no_keys)
+    except (LookupError, ValueError) as exc:
+        print(f"ascend-patch verify: {exc}", file=sys.stderr)
+        return 2
+    print(report.summary())
+    return 0 if report.ok else 1
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    conv = sub.add_parser("convert", help="convert checkpoints: Hugging Face <-> Megatron, any TP/PP, streaming",
+                          description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_convert_arguments(conv)
+    conv.set_defaults(func=run_convert)
+
+    ver = sub.add_parser("verify", help="re-read a converted checkpoint: tensors against the source, keys against "
+                         "megatron-core / transformers")
+    ver.add_argument("--load-dir", required=True, help="the checkpoint to verify")
+    ver.add_argument("--source-dir", default=None, help="the checkpoint it was converted from")
+    ver.add_argument("--loader", default=None, help="format of --load-dir (default: detected)")
+    ver.add_argument("--source-loader", default=None, help="format of --source-dir (default: detected)")
+    ver.add_argument("--model-type-hf", default=None)
+    ver.add_argument("--true-vocab-size", type=int, default=None)
+    ver.add_argument("--no-keys", action="store_true", help="skip the key-set check (needs megatron-core)")
+    ver.set_defaults(func=run_verify)

@@ -1,0 +1,337 @@
+"""The convert engine: resolve, preflight, compose, stream, commit atomically, verify.
+
+1. The loader describes the source (headers only); the saver plans the target in
+   canonical (HF) terms; every target tensor is composed onto source bytes.
+2. Preflight collects every problem (model vs layout, source tensors, dtype, output
+   directory, disk space) and refuses with all of them before any work.
+3. Each output file is written into a staging directory next to ``--save-dir``, block
+   by block (bounded memory); side files follow, the tracker / ``config.json`` last;
+   only then is the staging directory moved into place. An interrupted run leaves no
+   output that looks valid (SIGTERM and Ctrl-C also remove the staging directory).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..models.weightmap import LayoutError, Piece, TensorPlan, compose
+from .blocks import BlockFiller, FileCache, itemsize, raw_dtype, row_blocks
+from .formats import ConvertOptions, SourceCheckpoint, TargetFile, TargetPlan, get_format_registry
+from .preflight import PreflightError, Problem, check_disk_space, check_dtype, check_output_dir
+
+__all__ = ["convert", "prepare", "ConversionResult", "Interrupted", "BLOCK_BYTES", "Progress"]
+
+BLOCK_BYTES = 32 * 1024 * 1024
+STAGING_PREFIX = ".ascend_patch-partial-"
+
+# on_progress(event, info): events "start" (total bytes), "tensor" (file, key, bytes), "file" (relpath)
+Progress = Callable[[str, dict[str, Any]], None]
+
+
+class Interrupted(RuntimeError):
+    """The conversion was stopped by a signal; the staging directory was removed."""
+
+
+@dataclass
+class ConversionResult:
+    """What a conversion did (the ``verify`` entry is filled when ``--verify`` ran)."""
+
+    source: SourceCheckpoint
+    plan: TargetPlan
+    save_dir: str
+    bytes_written: int = 0
+    seconds: float = 0.0
+    files: list[str] = field(default_factory=list)
+    verify: Any = None
+
+    def summary(self) -> str:
+        rate = self.bytes_written / self.seconds / 1e6 if self.seconds else 0.0
+        lines = [f"source: {self.source.describe()}", f"target: {self.plan.description}",
+                 f"wrote {len(self.files)} file(s), {self.bytes_written / 1e6:.1f} MB in {self.seconds:.2f} s "
+                 f"({rate:.0f} MB/s) to {self.save_dir}"]
+        lines += [f"note: {n}" for n in self.source.notes + self.plan.notes]
+        if self.verify is not None:
+            lines.append(self.verify.summary())
+        return "\n".join(lines)
+
+
+def prepare(load_dir: str, save_dir: str | None, loader: str, saver: str,
+            options: ConvertOptions) -> tuple[SourceCheckpoint, TargetPlan]:
+    """Open the source, plan the target, compose, and preflight; raises PreflightError listing every problem."""
+    registry = get_format_registry()
+    loader_obj = registry.loader(loader)
+    saver_obj = registry.saver(saver)
+    hint = getattr(loader_obj, "family_hints", {}).get(loader.lower())
+    if hint and "family_hint" not in options.extra:
+        options = _with_extra(options, family_hint=hint)
+    problems: list[Problem] = []
+    if save_dir is not None:
+        problems += check_output_dir(save_dir, options.force, load_dir)
+    source = loader_obj.open(load_dir, options)
+    problems += source.problems
+    problems += check_dtype(options.params_dtype, source.dtype)
+    for flag, claimed in dict(options.extra.get("claimed") or {}).items():
+        actual = getattr(source.config, flag)
+        if claimed and not actual:
+            problems.append(Problem("flag-vs-config", f"--{flag.replace('_', '-')} was given but the {source.config.family} "
+                                    f"config of {load_dir} has {flag}=False", "drop the flag or fix the config"))
+    plan = saver_obj.plan(source, options)
+    problems += plan.problems
+    if not problems:
+        try:
+            for f in plan.files:
+                f.tensors = [compose(t, source.canonical) for t in f.tensors]
+        except LayoutError as exc:
+            problems.append(Problem("compose", str(exc)))
+    if save_dir is not None and not problems:
+        problems += check_disk_space(save_dir, plan.nbytes + sum(map(len, plan.side_files.values())))
+    if problems:
+        raise PreflightError(problems)
+    return source, plan
+
+
+def _with_extra(options: ConvertOptions, **extra: Any) -> ConvertOptions:
+    import dataclasses
+
+    return dataclasses.replace(options, extra={**options.extra, **extra})
+
+
+def convert(load_dir: str, save_dir: str, loader: str = "hf", saver: str = "mg",
+            options: ConvertOptions | None = None, on_progress: Progress | None = None) -> ConversionResult:
+    """Convert the checkpoint at ``load_dir`` into ``save_dir`` (see the module docstring)."""
+    options = options or ConvertOptions()
+    source, plan = prepare(load_dir, save_dir, loader, saver, options)
+    result = ConversionResult(source, plan, save_dir)
+    start = time.perf_counter()
+    parent = os.path.dirname(os.path.abspath(save_dir))
+    os.makedirs(parent, exist_ok=True)
+    _remove_stale_staging(parent)
+    staging = os.path.join(parent, f"{STAGING_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    os.mkdir(staging)
+    with _signals_raise():
+        try:
+            result.bytes_written = _write_all(source, plan, staging, options, on_progress)
+            for rel, data in {**plan.side_files, **plan.commit_files}.items():
+                _write_small(os.path.join(staging, rel), data)
+            result.files = [f.relpath for f in plan.files] + list(plan.side_files) + list(plan.commit_files)
+            _publish(staging, save_dir, plan)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+    result.seconds = time.perf_counter() - start
+    if options.verify:
+        from .verify import verify
+
+        saver_obj = get_format_registry().saver(saver)
+        result.verify = verify(save_dir, source=source, loader=saver_obj.loader or saver, options=options)
+    return result
+
+
+def _write_all(source: SourceCheckpoint, plan: TargetPlan, staging: str, options: ConvertOptions,
+               on_progress: Progress | None) -> int:
+    total = plan.nbytes
+    bar = _progress_bar(total, options)
+    if on_progress:
+        on_progress("start", {"total": total})
+    files = FileCache()
+    filler = BlockFiller(source.tensors, files)
+    buffer = np.empty(BLOCK_BYTES, dtype=np.uint8)
+    written = 0
+    try:
+        for group in _lockstep_groups(plan.files):
+            writers = []
+            try:
+                for target in group:
+                    path = os.path.join(staging, target.relpath)
+                    os.makedirs(os.path.dirname(path), exist_ok=True)
+                    writers.append(_open_writer(target, path, options))
+                for i in range(len(group[0].tensors)):
+                    for target, writer in zip(group, writers):
+                        tensor = target.tensors[i]
+                        written += _write_tensor(filler, writer, tensor, target.dtype, buffer, bar)
+                        if on_progress:
+                            on_progress("tensor", {"file": target.relpath, "key": tensor.key, "written": written})
+                for writer in writers:
+                    writer.close()
+            except BaseException:
+                for writer in writers:
+                    writer.abort()
+                raise
+            if on_progress:
+                for target in group:
+                    on_progress("file", {"file": target.relpath, "written": written})
+    finally:
+        files.close()
+        if bar is not None:
+            bar.close()
+    return written
+
+
+def _lockstep_groups(files: list[TargetFile]) -> list[list[TargetFile]]:
+    """Consecutive files with the same tensor layout (the TP ranks of one stage) are written together,
+    tensor by tensor, so each source block read serves all of them."""
+    groups: list[list[TargetFile]] = []
+    for f in files:
+        g = groups[-1] if groups else None
+        if g and g[0].format == f.format and len(g[0].tensors) == len(f.tensors) and all(
+                a.shape == b.shape for a, b in zip(g[0].tensors, f.tensors)) and len(g) < 8:
+            g.append(f)
+        else:
+            groups.append([f])
+    return groups
+
+
+def _write_tensor(filler: BlockFiller, writer: Any, tensor: TensorPlan, dtype: str, buffer: np.ndarray,
+                  bar: Any) -> int:
+    shape = tensor.shape or (1,)
+    if not tensor.shape:
+        tensor = TensorPlan(tensor.key, (1,), tuple(Piece(p.src, (0,), (0,), (1,)) for p in tensor.pieces))
+    row_bytes = itemsize(dtype)
+    for s in shape[1:]:
+        row_bytes *= s
+    direct = filler.direct(tensor, dtype)
+    if direct is not None:  # whole rows, same dtype: file to file, never through this process
+        done = 0
+        for piece, info in direct:
+            nbytes = piece.size[0] * row_bytes
+            dst = piece.dst_start[0] * row_bytes
+            if info is None:
+                _write_zeros(writer, tensor.key, dst, nbytes, buffer)
+            else:
+                writer.copy(tensor.key, dst, filler.files.fd(info.path), info.offset + piece.src_start[0] * row_bytes,
+                            nbytes)
+            done += nbytes
+            if bar is not None:
+                bar.update(nbytes)
+        return done
+    done = 0
+    for start, stop in row_blocks(shape[0], row_bytes, BLOCK_BYTES):
+        nbytes = (stop - start) * row_bytes
+        raw = buffer[:nbytes] if nbytes <= buffer.size else np.empty(nbytes, dtype=np.uint8)
+        out = raw.view(raw_dtype(dtype)).reshape(stop - start, *shape[1:])
+        filler.fill(tensor, start, stop, out, dtype)
+        writer.write(tensor.key, start * row_bytes, memoryview(raw))
+        done += nbytes
+        if bar is not None:
+            bar.update(nbytes)
+    return done
+
+
+def _write_zeros(writer: Any, key: str, offset: int, nbytes: int, buffer: np.ndarray) -> None:
+    zeros = buffer[: min(nbytes, buffer.size)]
+    zeros[...] = 0
+    done = 0
+    while done < nbytes:
+        n = min(zeros.size, nbytes - done)
+        writer.write(key, offset + done, memoryview(zeros[:n]))
+        done += n
+
+
+def _open_writer(target: TargetFile, path: str, options: ConvertOptions) -> Any:
+    if target.format == "safetensors":
+        from .safetensors_io import SafetensorsWriter
+
+        return SafetensorsWriter(path, [(t.key, t.shape, target.dtype) for t in target.tensors], target.metadata)
+    if target.format == "torch":
+        from .torch_zip import TorchZipWriter
+
+        return TorchZipWriter(path, target.skeleton, crc=bool(options.extra.get("zip_crc")))
+    raise ValueError(f"{target.relpath}: unknown output file format {target.format!r} (safetensors or torch)")
+
+
+def _write_small(path: str, data: bytes) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def _publish(staging: str, save_dir: str, plan: TargetPlan) -> None:
+    """Move the finished staging directory into place; commit files (tracker, config.json) go last."""
+    save_dir = os.path.abspath(save_dir)
+    if not os.path.isdir(save_dir) or not os.listdir(save_dir):
+        if os.path.isdir(save_dir):
+            os.rmdir(save_dir)
+        os.rename(staging, save_dir)
+        return
+    # --force into a non-empty directory: first make it stop looking valid, then swap entries.
+    for rel in plan.commit_files:
+        target = os.path.join(save_dir, rel)
+        if os.path.lexists(target):
+            os.remove(target)
+    commit = set(plan.commit_files)
+    for entry in sorted(os.listdir(staging)):
+        if entry in commit:
+            continue
+        _replace(os.path.join(staging, entry), os.path.join(save_dir, entry))
+    for rel in plan.commit_files:
+        os.replace(os.path.join(staging, rel), os.path.join(save_dir, rel))
+    shutil.rmtree(staging, ignore_errors=True)
+
+
+def _replace(new: str, old: str) -> None:
+    if os.path.isdir(old) and not os.path.islink(old):
+        aside = f"{old}.{STAGING_PREFIX}old-{os.getpid()}"
+        os.rename(old, aside)
+        os.rename(new, old)
+        shutil.rmtree(aside, ignore_errors=True)
+    else:
+        os.replace(new, old)
+
+
+def _remove_stale_staging(parent: str) -> None:
+    """Staging directories of runs that were killed (their process no longer exists)."""
+    for entry in os.listdir(parent):
+        if not entry.startswith(STAGING_PREFIX):
+            continue
+        pid_text = entry[len(STAGING_PREFIX):].split("-", 1)[0]
+        try:
+            pid = int(pid_text)
+            os.kill(pid, 0)
+        except ValueError:
+            continue
+        except ProcessLookupError:
+            shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
+        except PermissionError:
+            continue
+
+
+class _signals_raise:
+    """SIGTERM (and SIGHUP) raise :class:`Interrupted` so the staging directory is cleaned up."""
+
+    def __enter__(self) -> None:
+        self.previous: dict[int, Any] = {}
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def handler(signum: int, frame: Any) -> None:
+            raise Interrupted(f"conversion interrupted by signal {signal.Signals(signum).name}; "
+                              "the partial output was removed")
+
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            self.previous[sig] = signal.signal(sig, handler)
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, old in self.previous.items():
+            signal.signal(sig, old)
+
+
+def _progress_bar(total: int, options: ConvertOptions) -> Any:
+    show = options.progress if options.progress is not None else sys.stderr.isatty()
+    if not show:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="converting", file=sys.stderr,
+                mininterval=0.5, bar_format="{desc}: {percentage:3.0f}%|{bar:20}| {n_fmt}B/{total_fmt}B "
+                "[{elapsed} elapsed, ETA {remaining}, {rate_fmt}]")

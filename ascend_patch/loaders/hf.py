@@ -1,0 +1,257 @@
+"""The ``hf`` loader and saver: Hugging Face safetensors (sharded with an index, or single).
+
+Reading also accepts ``pytorch_model.bin`` (and its index) through the weights-only
+``.pt`` reader. Writing produces what ``transformers`` ``save_pretrained`` does: one
+``model.safetensors`` or ``model-0000K-of-0000N.safetensors`` shards with
+``model.safetensors.index.json``, plus ``config.json`` (written last) and
+``generation_config.json`` when the source had one. A tied model writes no
+``lm_head.weight``.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from collections import Counter
+from typing import Any
+
+from ..models.hf_config import ModelConfig, read_config_json
+from ..models.weightmap import Piece, TensorPlan
+from .blocks import CorruptCheckpoint, dtype_name
+from .formats import (CheckpointLoader, CheckpointSaver, ConvertOptions, SourceCheckpoint, TargetFile, TargetPlan,
+                      TensorInfo)
+from .preflight import Problem, check_tensors
+from .resolve import resolve_family, weight_map_for
+
+__all__ = ["HFLoader", "HFSaver", "source_from_hf_tensors", "synthesize_hf_config", "parse_size"]
+
+_ARCH = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+         "qwen3": "Qwen3ForCausalLM"}
+
+
+def _identity(key: str, shape: tuple[int, ...]) -> TensorPlan:
+    zeros = (0,) * len(shape)
+    return TensorPlan(key, shape, (Piece(key, zeros, zeros, shape),), "identity")
+
+
+def _read_json(path: str) -> Any:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except json.JSONDecodeError as exc:
+        raise CorruptCheckpoint(f"{path} is not valid JSON: {exc}") from None
+
+
+def _hf_files(path: str) -> tuple[dict[str, TensorInfo], list[Problem], str]:
+    """Every tensor in the directory's weight files, and problems with the index."""
+    from .safetensors_io import read_safetensors_index
+    from .torch_io import safe_load, tensor_infos
+
+    problems: list[Problem] = []
+    index_path = None
+    for name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        if os.path.isfile(os.path.join(path, name)):
+            index_path = os.path.join(path, name)
+            break
+    if index_path:
+        index = _read_json(index_path)
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(weight_map, dict):
+            raise CorruptCheckpoint(f"{index_path} has no weight_map object")
+        files = sorted(set(weight_map.values()))
+    else:
+        weight_map = None
+        files = [os.path.basename(p) for p in sorted(glob.glob(os.path.join(path, "*.safetensors")))]
+        if not files and os.path.isfile(os.path.join(path, "pytorch_model.bin")):
+            files = ["pytorch_model.bin"]
+    if not files:
+        found = ", ".join(sorted(os.listdir(path))[:10]) or "nothing"
+        raise CorruptCheckpoint(f"{path} holds no model.safetensors, *.safetensors shards or pytorch_model.bin "
+                                f"(found: {found})")
+    tensors: dict[str, TensorInfo] = {}
+    for name in files:
+        full = os.path.join(path, name)
+        if not os.path.isfile(full):
+            raise CorruptCheckpoint(f"{index_path} lists {name}, which is not in {path}")
+        if name.endswith(".safetensors"):
+            infos, _ = read_safetensors_index(full)
+        else:
+            state = safe_load(full)
+            if not isinstance(state, dict):
+                raise CorruptCheckpoint(f"{full} does not hold a state dict")
+            infos = {k: v for k, v in tensor_infos(state, full) if v is not None}
+        for key, info in infos.items():
+            if key in tensors:
+                problems.append(Problem("duplicate-tensor", f"{key} is stored in both {tensors[key].path} and {full}",
+                                        "remove one copy"))
+            tensors[key] = info
+    if weight_map is not None:
+        absent = sorted(k for k, f in weight_map.items() if k not in tensors)
+        if absent:
+            problems.append(Problem("index-mismatch", f"{os.path.basename(index_path)} lists {len(absent)} tensor(s) "
+                                    f"its shards do not hold: {', '.join(absent[:5])}", "re-download the checkpoint"))
+    return tensors, problems, index_path or ""
+
+
+class HFLoader(CheckpointLoader):
+    name = "hf"
+    aliases = ("huggingface", "hf_safetensors", "llama_hf", "llama2_hf", "llama3_hf", "mistral_hf",
+               "llama_mistral", "qwen_hf", "qwen2_hf", "qwen2.5_hf", "qwen3_hf")
+    family_hints = {"llama_hf": "llama", "llama2_hf": "llama", "llama3_hf": "llama", "mistral_hf": "llama",
+                    "llama_mistral": "llama", "qwen2_hf": "qwen2", "qwen2.5_hf": "qwen2", "qwen3_hf": "qwen3"}
+    description = "Hugging Face checkpoint: config.json + safetensors (sharded or single) or pytorch_model.bin"
+
+    def detect(self, path: str) -> bool:
+        return os.path.isfile(os.path.join(path, "config.json")) and bool(
+            glob.glob(os.path.join(path, "*.safetensors")) or os.path.isfile(os.path.join(path, "pytorch_model.bin")))
+
+    def open(self, path: str, options: ConvertOptions) -> SourceCheckpoint:
+        if not os.path.isdir(path):
+            raise CorruptCheckpoint(f"--load-dir {path} is not a directory")
+        config = read_config_json(path)
+        tensors, file_problems, _ = _hf_files(path)
+        gen_path = os.path.join(path, "generation_config.json")
+        generation = _read_json(gen_path) if os.path.isfile(gen_path) else None
+        return source_from_hf_tensors(self.name, path, config, tensors, options, file_problems, generation)
+
+
+def source_from_hf_tensors(fmt: str, path: str, config: dict[str, Any], tensors: dict[str, TensorInfo],
+                           options: ConvertOptions, problems: list[Problem] | None = None,
+                           generation_config: dict[str, Any] | None = None) -> SourceCheckpoint:
+    """A SourceCheckpoint for tensors stored under their HF names (any storage: a loader plugin's helper).
+
+    Resolves the family, checks the tensor set against the weight map (missing,
+    unexpected, mis-shaped), and makes the identity canonical view.
+    """
+    problems = list(problems or [])
+    spec, family_problems = resolve_family(options, config=config)
+    problems += family_problems
+    cfg: ModelConfig = spec.config_from_hf(config)
+    wm = weight_map_for(spec, cfg)
+    expected = wm.hf_tensors()
+    ignorable = [k for k in tensors if k.endswith("rotary_emb.inv_freq")]
+    notes = []
+    if ignorable:
+        notes.append(f"ignoring {len(ignorable)} rotary inv_freq buffer(s) (recomputed by every framework)")
+    if cfg.tie_word_embeddings and "lm_head.weight" in tensors:
+        ignorable.append("lm_head.weight")
+        notes.append("the model ties its embeddings; the stored lm_head.weight copy is not used")
+    window = config.get("sliding_window")
+    if window and (config.get("use_sliding_window", True)) and int(window) < cfg.max_position_embeddings:
+        notes.append(f"sliding_window={window} is not represented in megatron-core's GPT layer: sequences longer "
+                     "than the window will attend differently")
+    found = {k: v.shape for k, v in tensors.items()}
+    problems += check_tensors(expected, found, f"{path}", ignorable)
+    usable = {k: s for k, s in expected.items() if k in found and tuple(found[k]) == tuple(s)}
+    counts = Counter(tensors[k].dtype for k in usable)
+    dtype = counts.most_common(1)[0][0] if counts else "float32"
+    if len(counts) > 1:
+        notes.append(f"mixed tensor dtypes {dict(counts)}; converting all to the target dtype")
+    return SourceCheckpoint(
+        format=fmt, path=path, spec=spec, config=cfg, weight_map=wm,
+        tensors={k: tensors[k] for k in usable},
+        canonical={k: [Piece(k, (0,) * len(s), (0,) * len(s), tuple(s))] for k, s in usable.items()},
+        plans={k: _identity(k, tuple(s)) for k, s in usable.items()},
+        dtype=dtype, hf_config=dict(config), generation_config=generation_config,
+        inventory={"": {k: v.shape for k, v in tensors.items()}},
+        problems=problems, notes=notes)
+
+
+def parse_size(text: str | int) -> int:
+    """'5GB' / '500MB' / '100KB' / an int -> bytes (decimal units, as transformers)."""
+    if isinstance(text, int):
+        return text
+    s = text.strip().upper()
+    for unit, mult in (("GIB", 1024**3), ("MIB", 1024**2), ("KIB", 1024), ("GB", 10**9), ("MB", 10**6),
+                       ("KB", 10**3), ("B", 1)):
+        if s.endswith(unit):
+            return int(float(s[: -len(unit)]) * mult)
+    return int(s)
+
+
+def synthesize_hf_config(cfg: ModelConfig, dtype: str) -> dict[str, Any]:
+    """A transformers config.json for a llama-style model known only from Megatron args."""
+    model_type = cfg.model_type if cfg.model_type in _ARCH else cfg.family
+    out: dict[str, Any] = {
+        "architectures": [_ARCH.get(model_type, "LlamaForCausalLM")],
+        "model_type": model_type,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.ffn_hidden_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_query_groups,
+        "head_dim": cfg.kv_channels,
+        "vocab_size": cfg.vocab_size,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "rms_norm_eps": cfg.norm_epsilon,
+        "hidden_act": "silu",
+        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rotary_base},
+        "rope_theta": cfg.rotary_base,
+        "tie_word_embeddings": cfg.tie_word_embeddings,
+        "attention_bias": bool(cfg.add_qkv_bias) if model_type != "qwen2" else False,
+        "dtype": dtype,
+    }
+    return out
+
+
+class HFSaver(CheckpointSaver):
+    name = "hf"
+    aliases = ("huggingface", "hf_safetensors", "llama_hf", "qwen_hf", "qwen2_hf", "qwen3_hf", "mistral_hf")
+    description = "Hugging Face checkpoint: safetensors shards + index + config.json, loadable by from_pretrained"
+    loader = "hf"
+
+    def plan(self, source: SourceCheckpoint, options: ConvertOptions) -> TargetPlan:
+        dtype = dtype_name(options.params_dtype) if options.params_dtype else source.dtype
+        wm = source.weight_map
+        tensors = [_identity(k, tuple(s)) for k, s in wm.hf_tensors().items()]
+        from .blocks import itemsize
+
+        limit = max(1, options.max_shard_size)
+        shards: list[list[TensorPlan]] = [[]]
+        size = 0
+        for t in tensors:
+            n = itemsize(dtype)
+            for s in t.shape:
+                n *= s
+            if shards[-1] and size + n > limit:
+                shards.append([])
+                size = 0
+            shards[-1].append(t)
+            size += n
+        total = len(shards)
+        files = []
+        weight_map: dict[str, str] = {}
+        for k, shard in enumerate(shards, 1):
+            name = "model.safetensors" if total == 1 else f"model-{k:05d}-of-{total:05d}.safetensors"
+            files.append(TargetFile(relpath=name, format="safetensors", tensors=shard, dtype=dtype,
+                                    metadata={"format": "pt"}))
+            weight_map.update({t.key: name for t in shard})
+        side: dict[str, bytes] = {}
+        if total > 1:
+            index = {"metadata": {"total_size": sum(f.nbytes for f in files)}, "weight_map": weight_map}
+            side["model.safetensors.index.json"] = _dump(index)
+        if source.generation_config is not None:
+            side["generation_config.json"] = _dump(source.generation_config)
+        config = self._config(source, dtype)
+        return TargetPlan(files=files, side_files=side, commit_files={"config.json": _dump(config)},
+                          description=f"hf safetensors, {total} shard(s), {dtype}")
+
+    @staticmethod
+    def _config(source: SourceCheckpoint, dtype: str) -> dict[str, Any]:
+        cfg = source.config
+        if source.hf_config:
+            config = dict(source.hf_config)
+            if "torch_dtype" in config and "dtype" not in config:
+                config["torch_dtype"] = dtype
+            else:
+                config["dtype"] = dtype
+        else:
+            config = synthesize_hf_config(cfg, dtype)
+        config["vocab_size"] = cfg.vocab_size
+        config["tie_word_embeddings"] = cfg.tie_word_embeddings
+        return config
+
+
+def _dump(obj: Any) -> bytes:
+    return (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode()

@@ -1,0 +1,280 @@
+"""The ``mg`` loader and saver: Megatron's legacy ("torch") checkpoint layout.
+
+``<dir>/latest_checkpointed_iteration.txt`` names the iteration (or ``release``);
+``iter_{it:07d}/mp_rank_{tp:02d}[_{pp:03d}]/model_optim_rng.pt`` holds one rank:
+``args``, ``checkpoint_version`` (3.0), ``iteration`` and ``model`` — or ``model0``,
+``model1``, ... with virtual pipeline chunks. The saver also stores an ``ascend_patch``
+entry (the source's HF config, true vocabulary size, family) that Megatron ignores and
+that makes mg -> hf exact; the loader reads checkpoints without it (Megatron-LM's) from
+``args`` alone.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+from ..models.vocab import padded_vocab_size
+from ..models.weightmap import ExtraState, LayoutError, ShardLayout, TensorPlan, coverage_gaps, invert
+from .blocks import CorruptCheckpoint, dtype_name
+from .formats import CheckpointLoader, CheckpointSaver, ConvertOptions, SourceCheckpoint, TargetFile, TargetPlan
+from .megatron_args import build_args, config_from_args
+from .preflight import Problem, check_pipeline_split, check_tensor_split, check_tensors, check_vocab
+from .resolve import resolve_family, weight_map_for
+
+__all__ = ["MegatronLoader", "MegatronSaver", "TRACKER", "rank_dir", "iteration_dir", "read_tracker"]
+
+TRACKER = "latest_checkpointed_iteration.txt"
+FILENAME = "model_optim_rng.pt"
+_RANK = re.compile(r"^mp_rank_(\d{2})(?:_(\d{3}))?(?:_(\d{3}))?$")
+
+
+def rank_dir(tp_rank: int, pp_rank: int, pp: int) -> str:
+    return f"mp_rank_{tp_rank:02d}" if pp == 1 else f"mp_rank_{tp_rank:02d}_{pp_rank:03d}"
+
+
+def iteration_dir(iteration: int | str) -> str:
+    return "release" if iteration == "release" else f"iter_{int(iteration):07d}"
+
+
+def read_tracker(path: str) -> int | str:
+    tracker = os.path.join(path, TRACKER)
+    with open(tracker, encoding="utf-8") as f:
+        text = f.read().strip()
+    if text == "release":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise CorruptCheckpoint(f"{tracker} holds {text!r}, not an iteration number or 'release'") from None
+
+
+def _chunk_names(state: Mapping[str, Any], path: str) -> list[str]:
+    if "model" in state:
+        return ["model"]
+    names = sorted((k for k in state if re.fullmatch(r"model\d+", k)), key=lambda k: int(k[5:]))
+    if not names:
+        raise CorruptCheckpoint(f"{path} holds no 'model' or 'model0..' state dict (keys: {', '.join(sorted(state))})")
+    return names
+
+
+def _layers_in(keys: Any) -> int:
+    found = {int(m.group(1)) for k in keys if (m := re.match(r"decoder\.layers\.(\d+)\.", k))}
+    return max(found) + 1 if found else 0
+
+
+class MegatronLoader(CheckpointLoader):
+    name = "mg"
+    aliases = ("megatron", "mcore", "core", "legacy", "mg_legacy", "torch")
+    description = "Megatron legacy layout: latest_checkpointed_iteration.txt + iter_*/mp_rank_*/model_optim_rng.pt"
+
+    def detect(self, path: str) -> bool:
+        return os.path.isfile(os.path.join(path, TRACKER))
+
+    def open(self, path: str, options: ConvertOptions) -> SourceCheckpoint:
+        from .torch_io import safe_load, tensor_infos
+
+        root, iteration = self._locate(path)
+        ranks: dict[tuple[int, int], str] = {}
+        for entry in sorted(os.listdir(root)):
+            m = _RANK.match(entry)
+            if not m:
+                continue
+            if m.group(3) is not None:
+                raise CorruptCheckpoint(f"{root}/{entry}: expert-parallel checkpoints (EP > 1) are not supported")
+            ranks[(int(m.group(1)), int(m.group(2) or 0))] = os.path.join(root, entry, FILENAME)
+        if not ranks:
+            raise CorruptCheckpoint(f"{root} holds no mp_rank_* directories")
+        tp = 1 + max(t for t, _ in ranks)
+        pp = 1 + max(p for _, p in ranks)
+        problems: list[Problem] = []
+        absent = [(t, p) for t in range(tp) for p in range(pp) if (t, p) not in ranks]
+        if absent:
+            raise CorruptCheckpoint(f"{root}: rank directories missing for (tp, pp) {absent} of a TP {tp} x PP {pp} "
+                                    "checkpoint")
+        states: dict[tuple[int, int], Any] = {}
+        for key, file in ranks.items():
+            if not os.path.isfile(file):
+                raise CorruptCheckpoint(f"{file} does not exist")
+            state = safe_load(file)
+            if not isinstance(state, dict):
+                raise CorruptCheckpoint(f"{file} does not hold a checkpoint dict")
+            states[key] = state
+        first = states[(0, 0)]
+        args = first.get("args")
+        if args is None:
+            raise CorruptCheckpoint(f"{ranks[(0, 0)]} has no 'args'; cannot tell the model's sizes")
+        meta = first.get("ascend_patch") if isinstance(first.get("ascend_patch"), dict) else {}
+        chunks = _chunk_names(first, ranks[(0, 0)])
+        vpp = len(chunks)
+        counts = []
+        for v in range(vpp):
+            for p in range(pp):
+                counts.append(_layers_in(states[(0, p)][chunks[v]].keys()))
+        layout = ShardLayout(tp, pp, vpp, tuple(counts))
+        for name, value in (("tensor_model_parallel_size", tp), ("pipeline_model_parallel_size", pp)):
+            stated = getattr(args, name, None)
+            if stated is not None and int(stated) != value:
+                problems.append(Problem("args-vs-files", f"args.{name} is {stated} but {root} holds {value}",
+                                        "the files win; check how this checkpoint was produced"))
+        any_keys = [k for st in states.values() for c in _chunk_names(st, "") for k in st[c]]
+        naming = "te" if any(k.endswith("layer_norm_weight") for k in any_keys) else "local"
+        hint = meta.get("family") or _infer_family(args)
+        base = meta.get("hf_config") if isinstance(meta.get("hf_config"), dict) else None
+        spec, fam_problems = resolve_family(options, config=base, hint=hint)
+        problems += fam_problems
+        padded = getattr(args, "padded_vocab_size", None)
+        vocab = options.true_vocab_size or meta.get("vocab_size") or getattr(args, "vocab_size", None)
+        notes = []
+        if vocab is None:
+            notes.append(f"the true vocabulary size is unknown; keeping all {padded} padded rows "
+                         "(pass --true-vocab-size to trim)")
+        cfg = spec.config_from_hf(base) if base else config_from_args(args, spec.name, vocab)
+        if base and vocab and vocab != cfg.vocab_size:
+            import dataclasses
+
+            cfg = dataclasses.replace(cfg, vocab_size=int(vocab))
+        if cfg.num_layers != layout.num_layers:
+            problems.append(Problem("layers-vs-files", f"the config says {cfg.num_layers} layers but the rank files "
+                                    f"hold {layout.num_layers} ({','.join(map(str, counts))})"))
+        if padded is None:
+            emb = states[(0, 0)][chunks[0]].get("embedding.word_embeddings.weight")
+            padded = int(emb.shape[0]) * tp if emb is not None else cfg.vocab_size
+        problems += check_vocab(cfg.vocab_size, int(getattr(args, "make_vocab_size_divisible_by", 1) or 1), tp,
+                                int(padded))
+        wm = weight_map_for(spec, cfg)
+        tensors: dict[str, Any] = {}
+        plans: dict[str, TensorPlan] = {}
+        inventory: dict[str, dict[str, tuple[int, ...] | None]] = {}
+        for (t, p), file in sorted(ranks.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+            rel = os.path.relpath(file, path)
+            state = states[(t, p)]
+            names = _chunk_names(state, file)
+            if len(names) != vpp:
+                problems.append(Problem("vpp-mismatch", f"{rel} holds {len(names)} model chunks, rank 0 holds {vpp}"))
+                continue
+            for v, chunk in enumerate(names):
+                infos = dict(tensor_infos(state[chunk], file))
+                where = f"{rel} [{chunk}]"
+                inventory[f"{rel}#{chunk}"] = {k: (i.shape if i is not None else None) for k, i in infos.items()}
+                try:
+                    entries = wm.megatron_chunk(layout, t, p, v, naming, int(padded))
+                except LayoutError as exc:
+                    problems.append(Problem("layout", f"{where}: {exc}"))
+                    continue
+                expected = {e.key: e.shape for e in entries if isinstance(e, TensorPlan)}
+                found = {k: i.shape for k, i in infos.items() if i is not None and not k.endswith("._extra_state")}
+                extras = [k for k in infos if k.endswith("._extra_state")]
+                problems += check_tensors(expected, found, where, ignorable=extras)
+                for e in entries:
+                    if isinstance(e, TensorPlan) and e.key in found and tuple(found[e.key]) == tuple(e.shape):
+                        pid = f"{rel}#{chunk}/{e.key}"
+                        tensors[pid] = infos[e.key]
+                        plans[pid] = e
+        canonical, replicas = invert(plans.items())
+        for key, missing in coverage_gaps(canonical, wm.hf_tensors()).items():
+            problems.append(Problem("coverage", f"{key}: {missing} elements are not held by any rank file"))
+        dtypes = Counter(i.dtype for i in tensors.values())
+        return SourceCheckpoint(
+            format=self.name, path=path, spec=spec, config=cfg, weight_map=wm, tensors=tensors,
+            canonical=canonical, plans=plans, dtype=dtypes.most_common(1)[0][0] if dtypes else "float32",
+            hf_config=dict(base or {}), generation_config=meta.get("generation_config"), layout=layout,
+            naming=naming, padded_vocab=int(padded),
+            make_vocab_size_divisible_by=getattr(args, "make_vocab_size_divisible_by", None),
+            iteration=iteration, args=args, replicas=replicas, inventory=inventory, problems=problems, notes=notes)
+
+    @staticmethod
+    def _locate(path: str) -> tuple[str, int | str]:
+        if not os.path.isdir(path):
+            raise CorruptCheckpoint(f"--load-dir {path} is not a directory")
+        if os.path.isfile(os.path.join(path, TRACKER)):
+            iteration = read_tracker(path)
+            root = os.path.join(path, iteration_dir(iteration))
+            if not os.path.isdir(root):
+                raise CorruptCheckpoint(f"{TRACKER} in {path} names iteration {iteration} but {root} does not exist")
+            if os.path.isfile(os.path.join(root, "metadata.json")) or any(
+                    f.endswith(".distcp") for f in os.listdir(root)):
+                raise CorruptCheckpoint(f"{root} is a torch_dist (distributed) checkpoint; this loader reads the "
+                                        "legacy torch format (save with --ckpt-format torch)")
+            return root, iteration
+        if any(_RANK.match(e) for e in os.listdir(path)):  # the user pointed at iter_XXXXXXX itself
+            base = os.path.basename(os.path.normpath(path))
+            m = re.fullmatch(r"iter_(\d+)", base)
+            return path, int(m.group(1)) if m else "release"
+        entries = ", ".join(sorted(os.listdir(path))[:10]) or "nothing"
+        raise CorruptCheckpoint(f"{path} has no {TRACKER} and no mp_rank_* directories (found: {entries}); "
+                                "is this a Megatron legacy checkpoint?")
+
+
+def _infer_family(args: Any) -> str:
+    if getattr(args, "qk_layernorm", False):
+        return "qwen3"
+    if getattr(args, "add_qkv_bias", False):
+        return "qwen2"
+    return "llama"
+
+
+class MegatronSaver(CheckpointSaver):
+    name = "mg"
+    aliases = ("megatron", "mcore", "core", "legacy", "mg_legacy", "torch")
+    description = "Megatron legacy layout for megatron-core GPTModel (local or Transformer-Engine key naming)"
+    loader = "mg"
+
+    def plan(self, source: SourceCheckpoint, options: ConvertOptions) -> TargetPlan:
+        from .torch_zip import Slot
+
+        cfg = source.config
+        tp, pp = options.target_tp, options.target_pp
+        vpp = options.target_vpp
+        problems = check_pipeline_split(cfg.num_layers, pp, vpp, options.num_layer_list)
+        problems += check_tensor_split(cfg.num_attention_heads, cfg.num_query_groups, cfg.ffn_hidden_size, tp)
+        problems += check_vocab(cfg.vocab_size, options.make_vocab_size_divisible_by, tp)
+        if options.naming not in ("local", "te"):
+            problems.append(Problem("naming", f"unknown key naming {options.naming!r}", "use local or transformer_engine"))
+        if problems:
+            return TargetPlan(files=[], problems=problems)
+        layout = ShardLayout.build(cfg.num_layers, tp, pp, vpp, options.num_layer_list)
+        padded = padded_vocab_size(cfg.vocab_size, options.make_vocab_size_divisible_by, tp)
+        dtype = dtype_name(options.params_dtype) if options.params_dtype else source.dtype
+        iteration: int | str = options.iteration if options.iteration is not None else (
+            source.iteration if source.format == "mg" and source.iteration is not None else 1)
+        args = build_args(cfg, layout, padded_vocab=padded, divisor=options.make_vocab_size_divisible_by,
+                          dtype=dtype, naming=options.naming, iteration=iteration)
+        meta = {"format_version": 1, "family": source.spec.name, "vocab_size": cfg.vocab_size,
+                "hf_config": _jsonable(source.hf_config) if source.hf_config else None,
+                "generation_config": _jsonable(source.generation_config) if source.generation_config else None,
+                "naming": options.naming, "layer_counts": list(layout.layer_counts)}
+        files = []
+        wm = source.weight_map
+        for t, p in layout.ranks():
+            rel = f"{iteration_dir(iteration)}/{rank_dir(t, p, pp)}/{FILENAME}"
+            obj: dict[str, Any] = {"args": args, "checkpoint_version": 3.0,
+                                   "iteration": 0 if iteration == "release" else iteration}
+            plans: list[TensorPlan] = []
+            for v in range(layout.vpp):
+                chunk = "model" if layout.vpp == 1 else f"model{v}"
+                state: dict[str, Any] = {}
+                for e in wm.megatron_chunk(layout, t, p, v, options.naming, padded):
+                    if isinstance(e, ExtraState):
+                        state[e.key] = None
+                        continue
+                    sid = f"{chunk}/{e.key}"
+                    state[e.key] = Slot(sid, e.shape, dtype)
+                    plans.append(TensorPlan(sid, e.shape, e.pieces, e.rule))
+                obj[chunk] = state
+            obj["ascend_patch"] = meta
+            files.append(TargetFile(relpath=rel, format="torch", tensors=plans, dtype=dtype, skeleton=obj))
+        tracker = ("release" if iteration == "release" else str(iteration)).encode()
+        return TargetPlan(files=files, commit_files={TRACKER: tracker}, layout=layout, naming=options.naming,
+                          padded_vocab=padded,
+                          description=f"megatron legacy, {layout.describe()}, {options.naming} naming, {dtype}")
+
+
+def _jsonable(obj: Any) -> Any:
+    """Plain JSON types only (the weights-only loader accepts nothing else in the checkpoint)."""
+    import json
+
+    return json.loads(json.dumps(obj))

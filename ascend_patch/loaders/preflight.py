@@ -1,0 +1,196 @@
+"""Preflight: every inconsistency found before any byte is written, each with numbers and a remedy.
+
+The checks are public functions returning :class:`Problem` lists so the converter can
+report all of them at once. Parallel sizes are judged by ``comm.preflight`` (the same
+rules ``ascend-patch check`` and training use), with the converter's flag names:
+``28 layers cannot be split over 8 pipeline stages; use --target-pipeline-parallel-size
+1, 2, 4, 7, 14 or 28, or give --num-layer-list``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..comm.preflight import (
+    CONVERT_FLAGS,
+    divisors,
+    format_choices,
+    ParallelConfigError,
+    check_ffn_hidden_size,
+    check_heads,
+    check_layers,
+    check_query_groups,
+)
+
+__all__ = [
+    "Problem",
+    "PreflightError",
+    "check_pipeline_split",
+    "check_tensor_split",
+    "check_vocab",
+    "check_dtype",
+    "check_tensors",
+    "check_output_dir",
+    "check_disk_space",
+    "raise_if_any",
+]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One finding: a stable ``code`` (tests, scripts), what is wrong, and what to do."""
+
+    code: str
+    message: str
+    remedy: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.message}; {self.remedy}" if self.remedy else self.message
+
+
+class PreflightError(ValueError):
+    """The conversion cannot start; :attr:`problems` lists every reason."""
+
+    def __init__(self, problems: Sequence[Problem]) -> None:
+        self.problems = list(problems)
+        lines = [f"  - {p}" for p in self.problems]
+        super().__init__(f"conversion refused ({len(self.problems)} problem"
+                         f"{'s' if len(self.problems) != 1 else ''}):\n" + "\n".join(lines))
+
+    def codes(self) -> list[str]:
+        return [p.code for p in self.problems]
+
+
+def _problems(checks: Sequence[tuple[str, Callable[[], Any]]]) -> list[Problem]:
+    """Run parallel-size checks (comm.preflight, shared with training), each failure a Problem."""
+    problems = []
+    for code, check in checks:
+        try:
+            check()
+        except ParallelConfigError as exc:
+            problems.append(Problem(code if exc.code != "layer-list" else "layer-list", str(exc)))
+    return problems
+
+
+def check_pipeline_split(num_layers: int, pp: int, vpp: int = 1,
+                         num_layer_list: Sequence[int] | None = None) -> list[Problem]:
+    """Layers against pipeline stages (and virtual chunks, or an explicit per-stage list)."""
+    return _problems([("layers-vs-pp",
+                       lambda: check_layers(num_layers, pp, vpp, num_layer_list or None, flags=CONVERT_FLAGS))])
+
+
+def check_tensor_split(heads: int, groups: int, ffn: int, tp: int) -> list[Problem]:
+    """Attention heads, query groups and the MLP width against the tensor-parallel size.
+
+    The legacy checkpoint layout stores each rank's own KV heads, so KV heads are not
+    replicated: TP must divide the query groups.
+    """
+    problems = _problems([
+        ("heads-vs-tp", lambda: check_heads(heads, tp, flags=CONVERT_FLAGS)),
+        ("groups-vs-tp", lambda: check_query_groups(groups, tp, allow_replication=False, flags=CONVERT_FLAGS)),
+        ("ffn-vs-tp", lambda: check_ffn_hidden_size(ffn, tp, flags=CONVERT_FLAGS)),
+    ])
+    if problems:  # each message lists sizes for its own rule; say which satisfy all of them
+        joint = divisors(math.gcd(math.gcd(heads, groups), ffn))
+        problems[0] = Problem(problems[0].code, problems[0].message,
+                              f"sizes that fit the heads, query groups and FFN together: {format_choices(joint)}")
+    return problems
+
+
+def check_vocab(vocab_size: int, divisor: int, tp: int, padded: int | None = None) -> list[Problem]:
+    """The padding divisor, and a source's padded vocabulary against the true one."""
+    problems = []
+    if divisor < 1:
+        problems.append(Problem("vocab-divisor", f"--make-vocab-size-divisible-by {divisor} must be >= 1",
+                                "Megatron's default is 128"))
+    if vocab_size < 1:
+        problems.append(Problem("vocab-size", f"vocabulary size {vocab_size} must be >= 1"))
+    if padded is not None and padded < vocab_size:
+        problems.append(Problem("vocab-padded", f"the checkpoint's padded vocabulary {padded} is smaller than its "
+                                f"vocabulary {vocab_size}", "pass the right --true-vocab-size"))
+    return problems
+
+
+DTYPE_CHOICES = ("fp32", "bf16", "fp16", "float32", "bfloat16", "float16")
+
+
+def check_dtype(requested: str | None, source: str, declared: str | None = None) -> list[Problem]:
+    """``--params-dtype`` and the config's declared dtype against what the tensors are."""
+    problems = []
+    if requested is not None and requested not in DTYPE_CHOICES:
+        problems.append(Problem("dtype", f"--params-dtype {requested!r} is not a dtype the converter writes",
+                                "use fp32, bf16 or fp16"))
+    if source not in ("float32", "bfloat16", "float16"):
+        problems.append(Problem("dtype-source", f"the checkpoint's tensors are {source}, not a floating dtype the "
+                                "converter handles", "convert them to fp32/bf16/fp16 first"))
+    return problems
+
+
+def check_tensors(expected: Mapping[str, tuple[int, ...]], found: Mapping[str, tuple[int, ...]], where: str,
+                  ignorable: Iterable[str] = (), limit: int = 8) -> list[Problem]:
+    """Missing, unexpected and mis-shaped tensors of a source checkpoint."""
+    ignore = set(ignorable)
+    missing = sorted(set(expected) - set(found))
+    unexpected = sorted(set(found) - set(expected) - ignore)
+    wrong = sorted(k for k in set(expected) & set(found) if tuple(expected[k]) != tuple(found[k]))
+    problems = []
+
+    def show(keys: list[str]) -> str:
+        head = ", ".join(keys[:limit])
+        return head + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
+
+    if missing:
+        problems.append(Problem("missing-tensors", f"{where} lacks {len(missing)} tensor(s) the model needs: "
+                                f"{show(missing)}", "check --model-type-hf / the model config, or complete the "
+                                "checkpoint"))
+    if unexpected:
+        problems.append(Problem("unexpected-tensors", f"{where} holds {len(unexpected)} tensor(s) the weight map does "
+                                f"not know: {show(unexpected)}", "they would be dropped silently; check "
+                                "--model-type-hf, or add them to the family's weights.py"))
+    if wrong:
+        details = [f"{k} {list(found[k])} (expected {list(expected[k])})" for k in wrong]
+        problems.append(Problem("shape-mismatch", f"{where} has {len(wrong)} tensor(s) of the wrong shape: "
+                                f"{show(details)}", "the config does not describe these weights"))
+    return problems
+
+
+def check_output_dir(save_dir: str, force: bool, load_dir: str | None = None) -> list[Problem]:
+    """A non-empty output directory needs --force; never write into the source."""
+    problems = []
+    save = os.path.realpath(save_dir)
+    if load_dir is not None:
+        load = os.path.realpath(load_dir)
+        if save == load or save.startswith(load + os.sep):
+            problems.append(Problem("output-in-source", f"--save-dir {save_dir} is (inside) --load-dir {load_dir}",
+                                    "choose a directory outside the source checkpoint"))
+    if os.path.exists(save) and not os.path.isdir(save):
+        problems.append(Problem("output-not-dir", f"--save-dir {save_dir} exists and is not a directory"))
+    elif os.path.isdir(save) and os.listdir(save) and not force:
+        entries = sorted(os.listdir(save))
+        problems.append(Problem("output-not-empty", f"--save-dir {save_dir} is not empty ({len(entries)} entries: "
+                                f"{', '.join(entries[:5])}{'...' if len(entries) > 5 else ''})",
+                                "pass --force to replace what the conversion writes, or choose another directory"))
+    return problems
+
+
+def check_disk_space(save_dir: str, needed: int) -> list[Problem]:
+    """Enough free space where the output goes (the staging directory sits next to it)."""
+    probe = os.path.realpath(save_dir)
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    free = shutil.disk_usage(probe).free
+    if free < needed:
+        return [Problem("disk-space", f"the output needs {needed / 1e9:.2f} GB but {probe} has {free / 1e9:.2f} GB free",
+                        "free space or choose another --save-dir")]
+    return []
+
+
+def raise_if_any(problems: Iterable[Problem]) -> None:
+    found = list(problems)
+    if found:
+        raise PreflightError(found)

@@ -1,0 +1,163 @@
+"""``.pt`` files without running their code, and a streaming ``torch.save``-format writer.
+
+Reading: ``torch.load(weights_only=True)`` with an explicit allowlist — argparse.Namespace
+(Megatron's ``args``) and the few plain containers Megatron-LM pickles, numpy's array
+reconstruction (``rng_state``), and inert *stand-ins* for Megatron's own types (enums,
+OptimizerConfig, ...), which keep the data without importing or running Megatron. Any
+other global (``os.system`` in a hostile pickle) is refused before anything is called.
+Tensors load on the meta device, so only the pickle is read; each tensor's file offset
+comes from torch itself (``storage._checkpoint_offset``) and its bytes are read later,
+per block.
+
+Writing without torch is :mod:`.torch_zip`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from .blocks import CorruptCheckpoint, dtype_name, itemsize
+from .formats import TensorInfo
+
+__all__ = [
+    "UnsafeCheckpoint",
+    "MegatronObject",
+    "STAND_IN_PREFIXES",
+    "safe_load",
+    "tensor_infos",
+]
+
+# Globals under these prefixes (Megatron's enums, OptimizerConfig, RerunState, ... in ``args`` and
+# the rerun state) get inert stand-ins: their data is kept, their code is never imported or run.
+STAND_IN_PREFIXES = ("megatron.",)
+_UNSUPPORTED = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
+_ANY_GLOBAL = re.compile(r"GLOBAL ([\w.]+)|unrecognized function ([^\s]+)")
+
+
+class UnsafeCheckpoint(ValueError):
+    """A pickle that needs a global outside the allowlist (nothing from it was executed)."""
+
+
+class MegatronObject:
+    """A stand-in for a Megatron object in a pickle (an enum member, a config dataclass).
+
+    Records what the pickle said — ``cls`` (the class path), ``args`` (constructor
+    arguments; an enum's value) and ``state`` (attributes) — without importing or running
+    Megatron.
+    """
+
+    cls: str = ""
+
+    def __init__(self, *args: Any) -> None:
+        self.args = args
+        self.state: dict[str, Any] = {}
+
+    def __setstate__(self, state: Any) -> None:
+        self.state = dict(state) if isinstance(state, dict) else {"state": state}
+
+    @property
+    def value(self) -> Any:
+        return self.args[0] if len(self.args) == 1 else self.args
+
+    def __getattr__(self, name: str) -> Any:
+        state = self.__dict__.get("state") or {}
+        if name in state:
+            return state[name]
+        raise AttributeError(name)
+
+    def __repr__(self) -> str:
+        inside = repr(self.value) if self.args else ", ".join(f"{k}={v!r}" for k, v in self.state.items())
+        return f"{self.cls.rsplit('.', 1)[-1]}({inside})"
+
+
+def _stand_in(path: str) -> type:
+    return type(path.rsplit(".", 1)[-1], (MegatronObject,), {"cls": path, "__module__": __name__})
+
+
+def _base_allowlist() -> list[Any]:
+    import io
+    import pathlib
+    import signal
+    import types
+
+    # Megatron-LM checkpoints carry these plain containers (megatron.core.safe_globals lists them too).
+    allowed: list[Any] = [argparse.Namespace, types.SimpleNamespace, pathlib.PosixPath, io.BytesIO, signal.Signals,
+                          bytes]  # protocol-2 pickles spell an empty bytes object as a call to bytes()
+    try:  # numpy arrays appear in Megatron's rng_state
+        import numpy as np
+
+        allowed += [np.ndarray, np.dtype]
+        for mod in ("numpy._core.multiarray", "numpy.core.multiarray"):
+            allowed.append((np._core.multiarray._reconstruct if hasattr(np, "_core")
+                            else np.core.multiarray._reconstruct, f"{mod}._reconstruct"))
+        for name in dir(np.dtypes):
+            cls = getattr(np.dtypes, name)
+            if isinstance(cls, type) and issubclass(cls, np.dtype):
+                allowed.append((cls, f"numpy.dtypes.{name}"))
+    except ImportError:  # pragma: no cover - numpy is a torch dependency here
+        pass
+    return allowed
+
+
+def safe_load(path: str, *, meta: bool = True) -> Any:
+    """The object in ``path`` with tensors on the meta device (or in memory when ``meta=False``)."""
+    import torch
+    from torch.serialization import safe_globals
+
+    if not os.path.isfile(path):
+        raise CorruptCheckpoint(f"{path} does not exist")
+    extra: list[Any] = []
+    for _ in range(64):
+        try:
+            with safe_globals(_base_allowlist() + extra):
+                return torch.load(path, map_location="meta" if meta else "cpu", weights_only=True)
+        except Exception as exc:
+            text = str(exc)
+            found = _UNSUPPORTED.search(text)
+            if found and found.group(1).startswith(STAND_IN_PREFIXES) and len(extra) < 63:
+                extra.append((_stand_in(found.group(1)), found.group(1)))
+                continue
+            named = _ANY_GLOBAL.search(text)
+            if named or "Unsupported operand" in text or "is blocked" in text:
+                what = (named.group(1) or named.group(2)) if named else "an object constructor"
+                raise UnsafeCheckpoint(
+                    f"{path}: refusing to unpickle {what}, which is not on the allowlist of a weights-only "
+                    "checkpoint; nothing from the file was executed. If you trust the file, load it with "
+                    "torch.load(weights_only=False) yourself and re-save only the tensors.") from None
+            if isinstance(exc, (RuntimeError, EOFError, OSError, ValueError)) or "pickle" in type(exc).__name__.lower():
+                size = os.path.getsize(path)
+                raise CorruptCheckpoint(f"{path} ({size} bytes) cannot be read as a torch checkpoint: "
+                                        f"{text.splitlines()[0] if text else type(exc).__name__} "
+                                        "(truncated or corrupt?)") from None
+            raise
+    raise UnsafeCheckpoint(f"{path}: too many distinct Megatron types in the pickle")
+
+
+def tensor_infos(obj: Mapping[str, Any], path: str) -> Iterator[tuple[str, TensorInfo | None]]:
+    """(key, TensorInfo) for every entry of a state dict loaded by :func:`safe_load` (None for non-tensors)."""
+    import torch
+
+    size = os.path.getsize(path)
+    for key, value in obj.items():
+        if not isinstance(value, torch.Tensor):
+            yield key, None
+            continue
+        storage = value.untyped_storage()
+        base = getattr(storage, "_checkpoint_offset", None)
+        if base is None:
+            raise CorruptCheckpoint(f"{path}: tensor {key!r} has no recorded file offset")
+        dtype = dtype_name(value.dtype)
+        offset = base + value.storage_offset() * itemsize(dtype)
+        shape = tuple(value.shape)
+        stride = tuple(value.stride())
+        info = TensorInfo(path=path, shape=shape, dtype=dtype, offset=offset,
+                          stride=None if value.is_contiguous() else stride)
+        extent = offset + (1 + sum((d - 1) * s for d, s in zip(shape, stride))) * itemsize(dtype) if all(shape) else offset
+        if extent > size:
+            raise CorruptCheckpoint(f"{path}: tensor {key!r} needs bytes up to {extent} but the file has {size} "
+                                    "(truncated)")
+        yield key, info

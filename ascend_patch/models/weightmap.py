@@ -1,0 +1,500 @@
+"""Declarative HF <-> Megatron weight maps: rules, parallel layouts and the piece algebra.
+
+A family's ``weights.py`` lists *rules* (``Replicated``, ``ColumnParallel``,
+``RowParallel``, ``QKV``, ``GatedMLP``, ``VocabParallel``), each naming the Hugging
+Face tensor(s), their shape, and the megatron-core key. Given a
+:class:`ShardLayout` (TP, PP, virtual pipeline chunks, layers per chunk) the map
+answers, for every Megatron rank, which tensors that rank holds and how each is
+assembled from rectangular *pieces* of the HF tensors. Inverting and composing
+pieces gives mg -> hf and mg -> mg without a second description, and lets the
+converter stream: every output block is filled from exactly the source bytes it needs.
+
+Nothing here imports torch: a map is plain data.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from .hf_config import ModelConfig
+
+__all__ = [
+    "Piece",
+    "TensorPlan",
+    "ExtraState",
+    "ShardLayout",
+    "LayoutError",
+    "Rule",
+    "Replicated",
+    "ColumnParallel",
+    "RowParallel",
+    "QKV",
+    "GatedMLP",
+    "VocabParallel",
+    "WeightMap",
+    "NAMINGS",
+    "invert",
+    "compose",
+    "coverage_gaps",
+    "volume",
+]
+
+Shape = tuple[int, ...]
+NAMINGS = ("local", "te")
+
+
+class LayoutError(ValueError):
+    """A parallel layout that cannot hold the model (the message says why and what fits)."""
+
+
+def volume(shape: Sequence[int]) -> int:
+    return math.prod(shape) if shape else 1
+
+
+@dataclass(frozen=True)
+class Piece:
+    """``dst[dst_start : dst_start+size] = src[src_start : src_start+size]`` (per dimension).
+
+    ``src`` is a tensor id in the source space (an HF key for maps; a file-qualified
+    id after composition). ``src=None`` is a fill (zeros: Megatron's vocabulary padding).
+    """
+
+    src: str | None
+    src_start: Shape
+    dst_start: Shape
+    size: Shape
+
+    def rows(self, start: int, stop: int) -> Piece | None:
+        """This piece restricted to destination rows [start, stop), or None if disjoint."""
+        lo = max(start, self.dst_start[0])
+        hi = min(stop, self.dst_start[0] + self.size[0])
+        if lo >= hi:
+            return None
+        shift = lo - self.dst_start[0]
+        src_start = self.src_start if self.src is None else (self.src_start[0] + shift, *self.src_start[1:])
+        return Piece(self.src, src_start, (lo, *self.dst_start[1:]), (hi - lo, *self.size[1:]))
+
+
+@dataclass(frozen=True)
+class TensorPlan:
+    """One physical tensor: its key, shape and the pieces that fill it completely."""
+
+    key: str
+    shape: Shape
+    pieces: tuple[Piece, ...]
+    rule: str = ""
+
+    def sources(self) -> set[str]:
+        return {p.src for p in self.pieces if p.src is not None}
+
+
+@dataclass(frozen=True)
+class ExtraState:
+    """A ``<module>._extra_state`` entry megatron-core expects next to the weights (saved as None)."""
+
+    key: str
+
+
+def _full(key: str, shape: Shape) -> tuple[Piece, ...]:
+    return (Piece(key, (0,) * len(shape), (0,) * len(shape), tuple(shape)),)
+
+
+def _take_rows(segments: Sequence[tuple[str | None, int, int]], rest: Shape, start: int, stop: int) -> tuple[Piece, ...]:
+    """Rows [start, stop) of the virtual concatenation of ``segments`` (src, src_row0, n_rows)."""
+    pieces: list[Piece] = []
+    pos = 0
+    zeros = (0,) * len(rest)
+    for src, row0, n in segments:
+        lo, hi = max(start, pos), min(stop, pos + n)
+        if lo < hi:
+            pieces.append(Piece(src, (row0 + lo - pos, *zeros), (lo - start, *zeros), (hi - lo, *rest)))
+        pos += n
+    return tuple(pieces)
+
+
+def _split(n: int, tp: int, what: str) -> int:
+    if n % tp:
+        raise LayoutError(f"{what} of size {n} cannot be split over {tp} tensor-parallel ranks")
+    return n // tp
+
+
+# ---------------------------------------------------------------------------------------------
+# Rules. Templates use {i} for the global layer index (HF) and {j} for the stage-local one (Megatron).
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Base: ``hf`` keys (with their shapes) -> one Megatron key (local and TE spellings)."""
+
+    mg: str
+    te: str | None = None
+
+    @property
+    def kind(self) -> str:
+        return type(self).__name__
+
+    def hf_shapes(self) -> dict[str, Shape]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def mg_key(self, naming: str) -> str:
+        return self.te if (naming == "te" and self.te) else self.mg
+
+    def shard(self, names: Mapping[str, str], tp: int, rank: int, padded_vocab: int) -> tuple[Shape, tuple[Piece, ...]]:
+        """(shape, pieces) of TP rank ``rank``; ``names`` maps template -> concrete HF key."""
+        raise NotImplementedError  # pragma: no cover
+
+
+@dataclass(frozen=True)
+class Replicated(Rule):
+    """Every TP rank holds the whole tensor (norm weights)."""
+
+    hf: str = ""
+    shape: Shape = ()
+
+    def hf_shapes(self) -> dict[str, Shape]:
+        return {self.hf: self.shape}
+
+    def shard(self, names, tp, rank, padded_vocab):
+        return self.shape, _full(names[self.hf], self.shape)
+
+
+@dataclass(frozen=True)
+class ColumnParallel(Rule):
+    """Split along dim 0 (output features)."""
+
+    hf: str = ""
+    shape: Shape = ()
+
+    def hf_shapes(self) -> dict[str, Shape]:
+        return {self.hf: self.shape}
+
+    def shard(self, names, tp, rank, padded_vocab):
+        n = _split(self.shape[0], tp, self.hf)
+        rest = self.shape[1:]
+        return (n, *rest), _take_rows([(names[self.hf], 0, self.shape[0])], rest, rank * n, (rank + 1) * n)
+
+
+@dataclass(frozen=True)
+class RowParallel(Rule):
+    """Split along dim 1 (input features): o_proj, down_proj."""
+
+    hf: str = ""
+    shape: Shape = ()
+
+    def hf_shapes(self) -> dict[str, Shape]:
+        return {self.hf: self.shape}
+
+    def shard(self, names, tp, rank, padded_vocab):
+        rows, cols = self.shape
+        c = _split(cols, tp, self.hf)
+        return (rows, c), (Piece(names[self.hf], (0, rank * c), (0, 0), (rows, c)),)
+
+
+@dataclass(frozen=True)
+class QKV(Rule):
+    """q, k, v fused per query group: [q_g (heads/groups*d rows), k_g (d), v_g (d)] for each group g.
+
+    Works for weights ([rows, H]) and biases ([rows]); ``rest`` is the trailing shape.
+    """
+
+    q: str = ""
+    k: str = ""
+    v: str = ""
+    heads: int = 1
+    groups: int = 1
+    head_dim: int = 1
+    rest: Shape = ()
+
+    def hf_shapes(self) -> dict[str, Shape]:
+        d = self.head_dim
+        return {self.q: (self.heads * d, *self.rest), self.k: (self.groups * d, *self.rest),
+                self.v: (self.groups * d, *self.rest)}
+
+    def _segments(self, names: Mapping[str, str]) -> list[tuple[str | None, int, int]]:
+        d, per = self.head_dim, self.heads // self.groups
+        segs: list[tuple[str | None, int, int]] = []
+        for g in range(self.groups):
+            segs.append((names[self.q], g * per * d, per * d))
+            segs.append((names[self.k], g * d, d))
+            segs.append((names[self.v], g * d, d))
+        return segs
+
+    def shard(self, names, tp, rank, padded_vocab):
+        if self.groups % tp:
+            raise LayoutError(f"{self.groups} query groups cannot be split over {tp} tensor-parallel ranks")
+        total = (self.heads + 2 * self.groups) * self.head_dim
+        n = total // tp
+        return (n, *self.rest), _take_rows(self._segments(names), self.rest, rank * n, (rank + 1) * n)
+
+
+@dataclass(frozen=True)
+class GatedMLP(Rule):
+    """SwiGLU's fc1: rank r holds [gate rows of r; up rows of r]."""
+
+    gate: str = ""
+    up: str = ""
+    shape: Shape = ()
+
+    def hf_shapes(self) -> dict[str, Shape]:
+        return {self.gate: self.shape, self.up: self.shape}
+
+    def shard(self, names, tp, rank, padded_vocab):
+        ffn, rest = self.shape[0], self.shape[1:]
+        n = _split(ffn, tp, self.gate)
+        segs = [(names[self.gate], rank * n, n), (names[self.up], rank * n, n)]
+        return (2 * n, *rest), _take_rows(segs, rest, 0, 2 * n)
+
+
+@dataclass(frozen=True)
+class VocabParallel(Rule):
+    """Embedding / output layer: rows padded to the padded vocabulary (zeros), then split on dim 0."""
+
+    hf: str = ""
+    shape: Shape = ()
+
+    def hf_shapes(self) -> dict[str, Shape]:
+        return {self.hf: self.shape}
+
+    def shard(self, names, tp, rank, padded_vocab):
+        vocab, rest = self.shape[0], self.shape[1:]
+        if padded_vocab < vocab:
+            raise LayoutError(f"padded vocabulary {padded_vocab} is smaller than the vocabulary {vocab}")
+        n = _split(padded_vocab, tp, "padded vocabulary")
+        segs = [(names[self.hf], 0, vocab), (None, 0, padded_vocab - vocab)]
+        return (n, *rest), _take_rows(segs, rest, rank * n, (rank + 1) * n)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ShardLayout:
+    """How layers sit on ranks: ``layer_counts`` per model chunk in global order.
+
+    Chunks are ordered virtual-stage-major: (v=0, p=0), (v=0, p=1), ..., (v=1, p=0), ...
+    which is megatron-core's placement (global layer = v*L/vp + p*L/(PP*vp) + j when even).
+    """
+
+    tp: int = 1
+    pp: int = 1
+    vpp: int = 1
+    layer_counts: tuple[int, ...] = (1,)
+
+    def __post_init__(self) -> None:
+        if min(self.tp, self.pp, self.vpp) < 1:
+            raise LayoutError(f"TP {self.tp}, PP {self.pp} and virtual pipeline size {self.vpp} must be >= 1")
+        if len(self.layer_counts) != self.pp * self.vpp:
+            raise LayoutError(f"{len(self.layer_counts)} layer counts given for {self.pp} stages x "
+                              f"{self.vpp} virtual chunks")
+
+    @classmethod
+    def build(cls, num_layers: int, tp: int = 1, pp: int = 1, vpp: int = 1,
+              num_layer_list: Sequence[int] | None = None) -> ShardLayout:
+        """Even placement, or ``num_layer_list`` (one count per pipeline stage, no virtual chunks)."""
+        from ..comm.preflight import CONVERT_FLAGS, ParallelConfigError, check_layers
+
+        try:
+            stages = check_layers(num_layers, pp, vpp, num_layer_list, flags=CONVERT_FLAGS)
+        except ParallelConfigError as exc:
+            raise LayoutError(str(exc)) from None
+        if vpp > 1:
+            return cls(tp, pp, vpp, (num_layers // (pp * vpp),) * (pp * vpp))
+        return cls(tp, pp, 1, tuple(stages))
+
+    @property
+    def num_layers(self) -> int:
+        return sum(self.layer_counts)
+
+    @property
+    def even(self) -> bool:
+        return len(set(self.layer_counts)) == 1
+
+    def chunk_index(self, pp_rank: int, vp: int) -> int:
+        return vp * self.pp + pp_rank
+
+    def layers(self, pp_rank: int, vp: int = 0) -> range:
+        """Global layer indices held by model chunk ``vp`` of pipeline rank ``pp_rank``."""
+        c = self.chunk_index(pp_rank, vp)
+        start = sum(self.layer_counts[:c])
+        return range(start, start + self.layer_counts[c])
+
+    def is_first(self, pp_rank: int, vp: int) -> bool:
+        return pp_rank == 0 and vp == 0
+
+    def is_last(self, pp_rank: int, vp: int) -> bool:
+        return pp_rank == self.pp - 1 and vp == self.vpp - 1
+
+    def ranks(self) -> Iterator[tuple[int, int]]:
+        """(tp_rank, pp_rank) in file order."""
+        for p in range(self.pp):
+            for t in range(self.tp):
+                yield t, p
+
+    def describe(self) -> str:
+        extra = f", VPP {self.vpp}" if self.vpp > 1 else ""
+        counts = "" if self.even else f", layers {','.join(map(str, self.layer_counts))}"
+        return f"TP {self.tp}, PP {self.pp}{extra}{counts}"
+
+
+@dataclass(frozen=True)
+class WeightMap:
+    """A family's complete map: rules for the embedding, each layer, the final norm and the head."""
+
+    config: ModelConfig
+    embedding: tuple[Rule, ...]
+    layer: tuple[Rule, ...]
+    final: tuple[Rule, ...]
+    output: Rule | None
+    layer_extra_state: tuple[str, ...] = ()  # module paths under decoder.layers.{j} (local spec)
+    te_layer_extra_state: tuple[str, ...] = ()  # module paths under decoder.layers.{j} (TE spec)
+    output_extra_state: str | None = "output_layer"
+    hf_layer_prefix: str = "model.layers.{i}."
+    notes: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def tied(self) -> bool:
+        return self.config.tie_word_embeddings
+
+    # -- the HF side --------------------------------------------------------------------------
+    def hf_tensors(self) -> dict[str, Shape]:
+        """Every tensor an HF checkpoint of this model holds (a tied model has no lm_head)."""
+        out: dict[str, Shape] = {}
+        for rule in self.embedding:
+            out.update(rule.hf_shapes())
+        for i in range(self.config.num_layers):
+            for rule in self.layer:
+                for tmpl, shape in rule.hf_shapes().items():
+                    out[tmpl.format(i=i)] = shape
+        for rule in self.final:
+            out.update(rule.hf_shapes())
+        if self.output is not None and not self.tied:
+            out.update(self.output.hf_shapes())
+        return out
+
+    # -- the Megatron side --------------------------------------------------------------------
+    def megatron_chunk(self, layout: ShardLayout, tp_rank: int, pp_rank: int, vp: int = 0,
+                       naming: str = "local", padded_vocab: int | None = None) -> list[TensorPlan | ExtraState]:
+        """The state dict of one model chunk on one rank, in megatron-core's key order."""
+        if naming not in NAMINGS:
+            raise LayoutError(f"unknown key naming {naming!r}; use one of {', '.join(NAMINGS)}")
+        if padded_vocab is None:
+            padded_vocab = self.config.vocab_size
+        tp = layout.tp
+        entries: list[TensorPlan | ExtraState] = []
+
+        def add(rule: Rule, names: Mapping[str, str], mg_key: str) -> None:
+            shape, pieces = rule.shard(names, tp, tp_rank, padded_vocab)
+            entries.append(TensorPlan(mg_key, shape, pieces, rule.kind))
+
+        first, last = layout.is_first(pp_rank, vp), layout.is_last(pp_rank, vp)
+        if first:
+            for rule in self.embedding:
+                add(rule, _identity(rule), rule.mg_key(naming))
+        for j, i in enumerate(layout.layers(pp_rank, vp)):
+            for rule in self.layer:
+                names = {t: t.format(i=i) for t in rule.hf_shapes()}
+                add(rule, names, rule.mg_key(naming).format(j=j))
+            for module in (self.te_layer_extra_state if naming == "te" else self.layer_extra_state):
+                entries.append(ExtraState(f"decoder.layers.{j}.{module}._extra_state"))
+        if last:
+            for rule in self.final:
+                add(rule, _identity(rule), rule.mg_key(naming))
+            if self.output is not None:
+                if not self.tied:
+                    add(self.output, _identity(self.output), self.output.mg_key(naming))
+                elif not first:
+                    # PP > 1 with tied embeddings: the last stage keeps its own copy of the embedding.
+                    emb = self.embedding[0]
+                    add(emb, _identity(emb), self.output.mg_key(naming))
+            if self.output_extra_state:
+                entries.append(ExtraState(f"{self.output_extra_state}._extra_state"))
+        return entries
+
+    def megatron_ranks(self, layout: ShardLayout, naming: str = "local",
+                       padded_vocab: int | None = None) -> dict[tuple[int, int], list[list[TensorPlan | ExtraState]]]:
+        """(tp_rank, pp_rank) -> one entry list per virtual chunk."""
+        return {(t, p): [self.megatron_chunk(layout, t, p, v, naming, padded_vocab) for v in range(layout.vpp)]
+                for t, p in layout.ranks()}
+
+
+def _identity(rule: Rule) -> dict[str, str]:
+    return {t: t for t in rule.hf_shapes()}
+
+
+# ---------------------------------------------------------------------------------------------
+# Piece algebra
+
+
+def invert(plans: Iterable[tuple[str, TensorPlan]]) -> tuple[dict[str, list[Piece]], list[tuple[str, str, Piece]]]:
+    """Physical tensors described in canonical terms -> canonical tensors in physical terms.
+
+    ``plans`` yields (physical id, plan). Returns ``(primary, replicas)``: ``primary[K]`` is a
+    non-overlapping list of pieces (src = physical id) covering what the physical tensors
+    hold of canonical tensor K; ``replicas`` lists (canonical K, physical id, piece) that
+    repeat a region already covered (replicated norms on every TP rank, the tied output
+    copy), which verification compares but conversion does not need. Fill pieces (padding)
+    have no canonical counterpart and are dropped.
+    """
+    primary: dict[str, list[Piece]] = {}
+    seen: dict[str, dict[tuple[Shape, Shape], str]] = {}
+    replicas: list[tuple[str, str, Piece]] = []
+    for pid, plan in plans:
+        for p in plan.pieces:
+            if p.src is None:
+                continue
+            box = (p.src_start, p.size)
+            boxes = seen.setdefault(p.src, {})
+            inv = Piece(pid, p.dst_start, p.src_start, p.size)
+            if box in boxes:
+                replicas.append((p.src, pid, inv))
+                continue
+            for other_start, other_size in boxes:
+                if _overlap(p.src_start, p.size, other_start, other_size):
+                    raise LayoutError(f"{pid} holds part of {p.src} that {boxes[(other_start, other_size)]} "
+                                      "also holds, with a different split")
+            boxes[box] = pid
+            primary.setdefault(p.src, []).append(inv)
+    return primary, replicas
+
+
+def _overlap(a0: Shape, asz: Shape, b0: Shape, bsz: Shape) -> bool:
+    return all(max(x, y) < min(x + xs, y + ys) for x, xs, y, ys in zip(a0, asz, b0, bsz))
+
+
+def coverage_gaps(primary: Mapping[str, list[Piece]], shapes: Mapping[str, Shape]) -> dict[str, int]:
+    """Canonical tensors not fully covered: key -> number of missing elements."""
+    gaps = {}
+    for key, shape in shapes.items():
+        covered = sum(volume(p.size) for p in primary.get(key, ()))
+        if covered != volume(shape):
+            gaps[key] = volume(shape) - covered
+    return gaps
+
+
+def compose(plan: TensorPlan, source: Mapping[str, list[Piece]]) -> TensorPlan:
+    """Re-express ``plan`` (pieces over canonical tensors) over the physical tensors of ``source``."""
+    out: list[Piece] = []
+    for p in plan.pieces:
+        if p.src is None:
+            out.append(p)
+            continue
+        entries = source.get(p.src)
+        if not entries:
+            raise LayoutError(f"{plan.key} needs {p.src}, which the source checkpoint does not hold")
+        got = 0
+        for e in entries:
+            # e: canonical region [e.dst_start, +e.size) lives in physical e.src at e.src_start.
+            lo = tuple(max(a, c) for a, c in zip(p.src_start, e.dst_start))
+            hi = tuple(min(a + s, c + z) for a, s, c, z in zip(p.src_start, p.size, e.dst_start, e.size))
+            if any(x >= y for x, y in zip(lo, hi)):
+                continue
+            size = tuple(y - x for x, y in zip(lo, hi))
+            out.append(Piece(e.src, tuple(u + x - c for u, x, c in zip(e.src_start, lo, e.dst_start)),
+                             tuple(b + x - a for b, x, a in zip(p.dst_start, lo, p.src_start)), size))
+            got += volume(size)
+        if got != volume(p.size):
+            raise LayoutError(f"the source checkpoint holds only {got} of the {volume(p.size)} elements of "
+                              f"{p.src} that {plan.key} needs")
+    return TensorPlan(plan.key, plan.shape, tuple(out), plan.rule)

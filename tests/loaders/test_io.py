@@ -1,0 +1,182 @@
+"""File formats: safetensors and torch writers/readers, truncation, and pickles that try to run code."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import zipfile
+
+import pytest
+import torch
+
+from ascend_patch.loaders.blocks import BlockFiller, CorruptCheckpoint
+from ascend_patch.loaders.safetensors_io import SafetensorsWriter, read_safetensors_index
+from ascend_patch.loaders import torch_zip
+from ascend_patch.loaders.blocks import raw_to_torch
+from ascend_patch.loaders.torch_io import UnsafeCheckpoint, safe_load, tensor_infos
+from ascend_patch.loaders.torch_zip import TORCH_DTYPES, Slot, TorchZipWriter
+
+
+def _write_all(writer, tensors):
+    for key, t in tensors.items():
+        raw = t.contiguous().view(-1).view(torch.uint8)
+        half = (raw.numel() // 2) // t.element_size() * t.element_size()
+        writer.write(key, 0, memoryview(raw[:half].numpy()))  # two writes per tensor, in order
+        writer.write(key, half, memoryview(raw[half:].numpy()))
+    writer.close()
+
+
+def test_safetensors_writer_is_read_by_safetensors(tmp_path):
+    from safetensors.torch import load_file
+
+    tensors = {"a": torch.randn(7, 5), "b": torch.randn(3).to(torch.bfloat16), "c": torch.arange(6).to(torch.int64)}
+    path = str(tmp_path / "x.safetensors")
+    w = SafetensorsWriter(path, [(k, tuple(t.shape), str(t.dtype).replace("torch.", "")) for k, t in tensors.items()])
+    _write_all(w, tensors)
+    back = load_file(path)
+    assert set(back) == set(tensors) and all(torch.equal(back[k], tensors[k]) for k in tensors)
+    infos, meta = read_safetensors_index(path)
+    assert meta == {"format": "pt"} and infos["a"].shape == (7, 5)
+    assert torch.equal(raw_to_torch(BlockFiller(infos).read_rows("a", 2, 6), "float32"), tensors["a"][2:6])
+
+
+def test_truncated_safetensors_names_the_file(tmp_path):
+    from safetensors.torch import save_file
+
+    path = str(tmp_path / "model.safetensors")
+    save_file({"w": torch.randn(64, 64)}, path)
+    data = open(path, "rb").read()
+    with open(path, "wb") as f:
+        f.write(data[: len(data) - 1000])
+    with pytest.raises(CorruptCheckpoint, match="model.safetensors"):
+        read_safetensors_index(path)
+    with open(path, "wb") as f:
+        f.write(b"\x00\x01")
+    with pytest.raises(CorruptCheckpoint, match="model.safetensors"):
+        read_safetensors_index(path)
+
+
+@pytest.mark.parametrize("crc", [True, False])
+@pytest.mark.parametrize("zip64", [False, True])
+def test_torch_zip_writer_output_loads_with_torch(tmp_path, monkeypatch, crc, zip64):
+    """Written without torch; read by torch.load (weights_only, plain and mmap) and by zipfile."""
+    if zip64:  # exercise the >4 GiB records and offsets on a small file
+        monkeypatch.setattr(torch_zip, "ZIP64_LIMIT", 600)
+    tensors = {"model/w": torch.randn(33, 17), "model/b": torch.randn(5).to(torch.bfloat16)}
+    skeleton = {"args": argparse.Namespace(num_layers=2, params_dtype=TORCH_DTYPES["bfloat16"]),
+                "checkpoint_version": 3.0, "iteration": 1,
+                "model": {"w": Slot("model/w", (33, 17), "float32"), "w._extra_state": None,
+                          "b": Slot("model/b", (5,), "bfloat16")}}
+    path = str(tmp_path / "model_optim_rng.pt")
+    _write_all(TorchZipWriter(path, skeleton, crc=crc), tensors)
+    for mmap in (False, True):
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            state = torch.load(path, weights_only=True, mmap=mmap)
+        assert state["args"].num_layers == 2 and state["args"].params_dtype is torch.bfloat16
+        assert state["checkpoint_version"] == 3.0 and state["iteration"] == 1
+        assert torch.equal(state["model"]["w"], tensors["model/w"])
+        assert torch.equal(state["model"]["b"], tensors["model/b"])
+        assert state["model"]["w._extra_state"] is None
+    with zipfile.ZipFile(path) as zf:
+        names = zf.namelist()
+        assert names[0] == "archive/data.pkl" and "archive/version" in names
+        if crc:
+            assert zf.testzip() is None  # every CRC-32 is right
+        if zip64:
+            assert all(i.header_offset > 600 for i in zf.infolist()[-2:])
+    infos = dict(tensor_infos(safe_load(path)["model"], path))
+    got = BlockFiller({"w": infos["w"]}).read_rows("w", 10, 20)
+    assert torch.equal(raw_to_torch(got, "float32"), tensors["model/w"][10:20])
+
+
+def test_strided_tensor_inside_a_larger_storage(tmp_path):
+    base = torch.arange(40.0).view(5, 8)
+    path = str(tmp_path / "s.pt")
+    torch.save({"t": base[:, 2:6], "u": base.t()}, path)
+    infos = dict(tensor_infos(safe_load(path), path))
+    filler = BlockFiller(infos)
+    assert torch.equal(raw_to_torch(filler.read_rows("t", 1, 4), "float32"), base[1:4, 2:6])
+    assert torch.equal(raw_to_torch(filler.read_rows("u", 0, 8), "float32"), base.t())
+
+
+class _RunsCode:
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_pickle_that_runs_code_is_refused_and_does_not_run(tmp_path):
+    marker = tmp_path / "pwned"
+    path = str(tmp_path / "model_optim_rng.pt")
+    torch.save({"model": {"w": torch.zeros(2)}, "args": _RunsCode(str(marker))}, path)
+    with pytest.raises(UnsafeCheckpoint, match=r"model_optim_rng\.pt.*system.*nothing from the file was executed"):
+        safe_load(path)
+    assert not marker.exists()
+
+
+def test_megatron_objects_load_as_inert_stand_ins(tmp_path):
+    """A Megatron-LM args pickle (enums, OptimizerConfig) loads in a process that never imports megatron."""
+    import json
+    import subprocess
+    import sys
+
+    from megatron.core.optimizer import OptimizerConfig
+    from megatron.core.transformer.enums import AttnBackend
+
+    from loaders_tiny import child_env
+
+    path = str(tmp_path / "a.pt")
+    torch.save({"args": argparse.Namespace(attention_backend=AttnBackend.flash, params_dtype=torch.bfloat16),
+                "opt": OptimizerConfig(lr=0.25)}, path)
+    code = (
+        "import json, sys, torch\n"
+        "from ascend_patch.loaders.torch_io import safe_load, MegatronObject\n"
+        f"obj = safe_load({path!r})\n"
+        "a = obj['args']\n"
+        "print(json.dumps({'enum': type(a.attention_backend).__mro__[1].__name__, 'cls': a.attention_backend.cls,"
+        " 'value': a.attention_backend.value, 'lr': obj['opt'].lr, 'dtype': str(a.params_dtype),"
+        " 'megatron_imported': any(m.startswith('megatron') for m in sys.modules)}))\n")
+    out = subprocess.run([sys.executable, "-c", code], env=child_env(ASCEND_PATCH="0"), capture_output=True,
+                         text=True, check=True).stdout
+    got = json.loads(out.strip().splitlines()[-1])
+    assert got == {"enum": "MegatronObject", "cls": "megatron.core.transformer.enums.AttnBackend",
+                   "value": AttnBackend.flash.value, "lr": 0.25, "dtype": "torch.bfloat16", "megatron_imported": False}
+
+
+def test_truncated_pt_names_the_file(tmp_path):
+    path = str(tmp_path / "model_optim_rng.pt")
+    torch.save({"model": {"w": torch.randn(256, 256)}}, path)
+    data = open(path, "rb").read()
+    with open(path, "wb") as f:
+        f.write(data[: len(data) // 2])
+    with pytest.raises(CorruptCheckpoint, match=r"model_optim_rng\.pt"):
+        safe_load(path)
+
+
+def test_conversions_refuse_corrupt_and_hostile_inputs(tmp_path):
+    """Through the converter: a truncated shard and a code-running rank file, each named in the error."""
+    import shutil
+
+    from ascend_patch.loaders.engine import convert
+    from ascend_patch.loaders.formats import ConvertOptions
+    from loaders_tiny import make_model, save_model
+
+    hf = save_model(make_model("llama"), str(tmp_path / "hf"), max_shard_size="100KB")
+    mg = str(tmp_path / "mg")
+    convert(hf, mg, "hf", "mg", ConvertOptions(target_tp=2))
+    broken = tmp_path / "broken"
+    shutil.copytree(hf, broken)
+    shard = sorted(p for p in os.listdir(broken) if p.endswith(".safetensors"))[1]
+    data = (broken / shard).read_bytes()
+    (broken / shard).write_bytes(data[: len(data) - 4096])
+    with pytest.raises(CorruptCheckpoint, match=shard):
+        convert(str(broken), str(tmp_path / "out1"), "hf", "mg", ConvertOptions())
+    marker = tmp_path / "pwned"
+    rank = os.path.join(mg, "iter_0000001", "mp_rank_01", "model_optim_rng.pt")
+    torch.save({"model": {}, "args": _RunsCode(str(marker))}, rank)
+    with pytest.raises(UnsafeCheckpoint, match="mp_rank_01"):
+        convert(mg, str(tmp_path / "out2"), "mg", "hf", ConvertOptions())
+    assert not marker.exists()
+    assert not os.path.exists(tmp_path / "out1") and not os.path.exists(tmp_path / "out2")
