@@ -62,6 +62,10 @@ class Patch:
     # MODULE only: top-level packages whose code never gets this shim (to them the package
     # stays missing), e.g. megatron-core, which reads an importable transformer_engine as a full TE
     hidden_from: tuple[str, ...] = ()
+    # Re-bind by-value copies of the original in other modules. False when the original is a
+    # shared object whose other references are not copies of this attribute (megatron's
+    # `jit_fuser` *is* `torch.compile`: re-binding would change torch.compile everywhere).
+    rebind: bool = True
     owner: str = field(default="", compare=False)  # set by the registry: the plugin's name
 
     def __post_init__(self) -> None:

@@ -35,6 +35,7 @@ BUILTIN_PLUGINS: dict[str, str] = {
     "models": "ascend_patch.models.plugin",
     "ops": "ascend_patch.ops.plugin",
     "loaders": "ascend_patch.loaders.plugin",
+    "megatron": "ascend_patch.adaptors.megatron.plugin",
 }
 
 

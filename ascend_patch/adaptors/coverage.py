@@ -40,11 +40,18 @@ def coverage_markdown(report: Report) -> str:
         if "translate device=" in patch.reason:
             groups["factory"].append(patch.shown_as)
             continue
+        if patch.kind is PatchKind.ADD and status.detail == "already provided by the target":
+            continue  # the thing it would add is there: nothing to cover
         action = patch.action.value
         cpu = f"{_CPU_ACTION.get(action, action)}: {patch.reason}"
-        if status.state != "applied":
+        # deferred patches apply when their module is imported: the table covers what they do,
+        # so it does not depend on what this process happened to import
+        if status.state not in ("applied", "deferred"):
             cpu = f"{status.state}: {status.detail}"
-        rows.append((patch.shown_as, cpu, _npu_column(patch.target, patch.backends)))
+        npu = _npu_column(patch.target, patch.backends)
+        if patch.package and "npu" in patch.backends:
+            npu = f"the same patch (checked against {patch.package} {patch.versions})"
+        rows.append((patch.shown_as, cpu, npu))
     lines = [
         "| CUDA entry point | cpu target | npu target |",
         "|---|---|---|",
@@ -56,7 +63,7 @@ def coverage_markdown(report: Report) -> str:
                      f"derived from its ATen schemas): {names} | `device=cuda/cuda:N/torch.device('cuda', N)/int`"
                      " -> `cpu` (exact matching only: a path containing 'cuda' is never rewritten) "
                      "| -> `npu` / `npu:N` (index kept) |")
-    for api, cpu, npu in sorted(rows):
+    for api, cpu, npu in sorted(set(rows)):  # one row per entry point and behaviour
         lines.append(f"| `{api}` | {cpu} | {npu} |")
     return "\n".join(lines)
 

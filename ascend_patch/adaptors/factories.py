@@ -28,12 +28,34 @@ __all__ = ["derive_device_functions", "factory_patches", "device_kwarg_wrapper"]
 _SPECIAL = {"to", "pin_memory", "is_pinned"}
 
 
-def _has_device_arg(op: str) -> bool:
+# Python-level factories taking pin_memory= that their TorchScript schema does not list.
+_PYTHON_PIN = {"tensor"}
+
+
+def _has_device_arg(op: str, name: str = "device") -> bool:
     try:
         schemas = torch._C._jit_get_schemas_for_operator(op)
     except RuntimeError:
         return False
-    return any(arg.name == "device" for schema in schemas for arg in schema.arguments)
+    return any(arg.name == name for schema in schemas for arg in schema.arguments)
+
+
+def _host_pinning(wrapper: Callable[..., Any]) -> Callable[..., Any]:
+    """On the cpu target ``pin_memory=True`` has no allocator behind it (torch raises): the
+    tensor is made in ordinary host memory, marked pinned as ``Tensor.pin_memory()`` marks it."""
+    from .tensors import _PINNED
+
+    def pinning(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("pin_memory"):
+            del kwargs["pin_memory"]
+            out = wrapper(*args, **kwargs)
+            setattr(out, _PINNED, True)
+            return out
+        return wrapper(*args, **kwargs)
+
+    functools.update_wrapper(pinning, wrapper, assigned=("__name__", "__qualname__", "__doc__"), updated=())
+    pinning.__wrapped__ = wrapper.__wrapped__  # type: ignore[attr-defined]
+    return pinning
 
 
 def _public_name(fn: Any) -> tuple[str, str] | None:
@@ -120,19 +142,24 @@ def factory_patches(dmap: DeviceMap) -> list[Patch]:
     # originals it is handed, silently building meta models in real memory.
     torch_device._device_constructors()
 
-    def make(api: str) -> Callable[[Any], Any]:
+    def make(api: str, pinning: bool) -> Callable[[Any], Any]:
         def build(original: Any) -> Any:
             wrapper = device_kwarg_wrapper(original, dmap, api)
+            if pinning:
+                wrapper = _host_pinning(wrapper)
             _register_jit_builtin(original, wrapper)
             return wrapper
 
         return build
 
+    on_host = dmap.backend.name == "cpu"
     patches = []
     for module, attr in derive_device_functions():
         api = f"{module}.{attr}"
+        op = attr.rsplit(".", 1)[-1]  # Tensor.new_empty -> new_empty
+        pinning = on_host and module == "torch" and (op in _PYTHON_PIN or _has_device_arg(f"aten::{op}", "pin_memory"))
         patches.append(Patch(
-            target=f"{module}:{attr}", kind=PatchKind.REPLACE, make=make(api),
+            target=f"{module}:{attr}", kind=PatchKind.REPLACE, make=make(api, pinning),
             reason="translate device='cuda'/'cuda:N'/torch.device('cuda') onto the target",
             api=api, count_calls=False))
     return patches

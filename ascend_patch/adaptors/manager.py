@@ -335,7 +335,7 @@ class PatchManager:
     def _rebind(self, applied: list[_Undo]) -> None:
         """Point by-value copies of each original (in every imported module) at the new value."""
         originals = {id(u.original): u for u in applied
-                     if u.original is not _MISSING and _has_identity(u.original)}
+                     if u.original is not _MISSING and _rebindable(u, u.original)}
         if not originals:
             return
         for mod_name, d in _module_dicts():
@@ -401,7 +401,7 @@ class PatchManager:
         with self._lock:
             if not self.active:
                 return
-            replaced = {id(u.new): u for u in self._undo if _has_identity(u.new)}
+            replaced = {id(u.new): u for u in self._undo if _rebindable(u, u.new)}
             for undo in reversed(self._undo):
                 own = _own_dict(undo.owner)
                 if own.get(undo.name, _MISSING) is undo.new:
@@ -450,6 +450,12 @@ class PatchManager:
             if status.patch.target == target:
                 return status
         return None
+
+
+# Values whose identity says nothing about where they came from: None, True, 0, "cuda" are
+# shared by every module holding that value, so they are never "copies" of one attribute.
+def _rebindable(undo: _Undo, value: Any) -> bool:
+    return undo.status.patch.rebind and _has_identity(value)
 
 
 def _module_dicts() -> list[tuple[str, dict[str, Any]]]:

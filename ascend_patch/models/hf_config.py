@@ -61,9 +61,11 @@ class ModelConfig:
         return d
 
     def megatron_args(self, make_vocab_size_divisible_by: int = 128, tensor_parallel_size: int = 1) -> dict[str, Any]:
-        """The Megatron command-line arguments for this model (flag name -> value; True = bare flag)."""
-        from .vocab import padded_vocab_size
+        """The Megatron command-line arguments for this model (flag name -> value; True = bare flag).
 
+        ``tensor_parallel_size`` does not change the flags (Megatron pads for TP itself); it is
+        accepted so callers can pass the launch's sizes uniformly.
+        """
         args: dict[str, Any] = {
             "num-layers": self.num_layers,
             "hidden-size": self.hidden_size,
@@ -76,7 +78,14 @@ class ModelConfig:
         args["kv-channels"] = self.kv_channels
         args["max-position-embeddings"] = self.max_position_embeddings
         args["position-embedding-type"] = self.position_embedding_type
-        args["rotary-base"] = int(self.rotary_base) if float(self.rotary_base).is_integer() else self.rotary_base
+        if self.position_embedding_type == "rope":
+            args["rotary-base"] = int(self.rotary_base) if float(self.rotary_base).is_integer() else self.rotary_base
+            if self.rope_scaling:
+                from .transformer_config import rope_scaling_kwargs
+
+                scaling = rope_scaling_kwargs(self.rope_scaling)  # refuses what Megatron cannot express
+                args["use-rope-scaling"] = True
+                args["rope-scaling-factor"] = scaling["rope_scaling_factor"]
         args["normalization"] = self.normalization
         args["norm-epsilon"] = self.norm_epsilon
         if self.activation == "swiglu":
@@ -89,13 +98,19 @@ class ModelConfig:
             args["qk-layernorm"] = True
         if not self.tie_word_embeddings:
             args["untie-embeddings-and-output-weights"] = True
+        # Megatron pads --vocab-size to a multiple of the divisor x TP itself (see padded_vocab);
+        # it has no flag for the padded size, so the argv carries the true size only.
         args["vocab-size"] = self.vocab_size
         args["make-vocab-size-divisible-by"] = make_vocab_size_divisible_by
-        args["padded-vocab-size"] = padded_vocab_size(self.vocab_size, make_vocab_size_divisible_by,
-                                                      tensor_parallel_size)
         if self.params_dtype in ("bf16", "fp16"):
             args[self.params_dtype] = True
         return args
+
+    def padded_vocab(self, make_vocab_size_divisible_by: int = 128, tensor_parallel_size: int = 1) -> int:
+        """The embedding rows Megatron builds: the vocabulary padded to divisor x TP."""
+        from .vocab import padded_vocab_size
+
+        return padded_vocab_size(self.vocab_size, make_vocab_size_divisible_by, tensor_parallel_size)
 
     def megatron_argv(self, **kwargs: Any) -> list[str]:
         """:meth:`megatron_args` as an argv list (``--num-layers 28 --swiglu ...``)."""

@@ -1,0 +1,115 @@
+"""megatron-core's ``jit_fuser`` on the targets: eager execution, and why.
+
+``megatron.core.jit.jit_fuser`` is ``torch.compile`` on torch >= 2.2. It decorates ~40
+small elementwise functions (bias-GeLU, bias-SwiGLU, bias-dropout-add, cross-entropy
+pieces, L2 norm) at import time.
+
+* cpu: Inductor generates and compiles C++ for each of them on first call: it needs a
+  C++ compiler on the host and costs 8-14 s per process per run, recompiling for each new
+  shape, while the eager versions of these memory-bound elementwise ops are what the host
+  runs anyway. The fused *semantics* are unchanged (same functions, run eagerly).
+* npu: stock Inductor has no npu code generator (that needs torchair), and the fusions
+  that matter on Ascend (SwiGLU, RoPE, RMSNorm, softmax) are routed to torch_npu kernels
+  by ``ascend_patch.ops``; MindSpeed makes the same choice.
+
+So on both targets ``jit_fuser`` becomes a pass-through decorator. Of the functions
+megatron-core 0.16 decorates at import (:data:`COMPILED_AT_IMPORT`), those already compiled
+when the patches are applied (megatron-core imported first) get one REPLACE patch each that
+puts back the eager original, so the order of imports does not matter. They are shown
+under the ``jit_fuser`` entry point, with its reason. Functions decorated
+later inside other functions (the MoE experts' activations) follow ``jit_fuser``'s value
+in their module, which is eager when megatron-core is imported after the patch.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from ...patch import Action, Patch, PatchKind
+from . import PACKAGE, VERSIONS
+
+__all__ = ["COMPILED_AT_IMPORT", "compiled_functions", "eager", "jit_patches"]
+
+_REASON = ("torch.compile of megatron's small fused elementwise functions: eager on the target "
+           "(cpu: Inductor needs a C++ compiler and costs seconds per process; npu: no Inductor "
+           "backend without torchair, and the fused kernels come from ascend_patch.ops)")
+
+
+def eager(fn: Callable[..., Any] | None = None, **kwargs: Any) -> Any:
+    """``jit_fuser`` on the target: returns the function unchanged (also as ``@eager(...)``)."""
+    if fn is None:
+        return lambda f: f
+    return fn
+
+
+# (module, attribute) of every function megatron-core 0.16.1 passes through jit_fuser at import;
+# tests/megatron/test_mcore_patches.py checks the list against a scan of the installed package.
+COMPILED_AT_IMPORT: tuple[tuple[str, str], ...] = tuple(
+    (module, name) for module, names in {
+        "megatron.core.activations": ("fast_gelu", "quick_gelu", "squared_relu"),
+        "megatron.core.fusions.fused_bias_dropout": ("bias_dropout_add_fused_inference",
+                                                     "bias_dropout_add_fused_train"),
+        "megatron.core.fusions.fused_bias_geglu": (
+            "bias_geglu", "bias_geglu_back", "geglu", "geglu_back", "quick_geglu", "quick_geglu_back",
+            "quick_gelu", "weighted_bias_quick_geglu", "weighted_bias_quick_geglu_back",
+            "weighted_quick_geglu", "weighted_quick_geglu_back"),
+        "megatron.core.fusions.fused_bias_gelu": ("bias_gelu", "bias_gelu_back"),
+        "megatron.core.fusions.fused_bias_swiglu": ("bias_swiglu", "bias_swiglu_back", "swiglu", "swiglu_back",
+                                                    "weighted_swiglu", "weighted_swiglu_back"),
+        "megatron.core.fusions.fused_cross_entropy": ("calculate_cross_entropy_loss", "calculate_gradients",
+                                                      "calculate_logits_max", "calculate_predicted_logits"),
+        "megatron.core.fusions.fused_pad_routing_map": ("fused_pad_routing_map",),
+        "megatron.core.fusions.fused_weighted_squared_relu": ("_squared_relu_back", "weighted_squared_relu",
+                                                              "weighted_squared_relu_back"),
+        "megatron.core.ssm.gated_delta_net": ("GatedDeltaNet._apply_gated_norm",),
+        "megatron.core.transformer.attention": ("Attention._apply_output_gate",),
+        "megatron.core.transformer.moe.router": ("TopKRouter._apply_expert_bias",),
+        "megatron.core.transformer.moe.token_dispatcher": ("MoEFlexTokenDispatcher.dispatch_preprocess",),
+        "megatron.core.transformer.torch_norm": ("L2Norm._norm",),
+        "megatron.core.transformer.utils": ("erf_gelu", "gelu_impl"),
+    }.items() for name in names)
+
+
+def compiled_functions() -> Iterator[tuple[str, str, Callable[..., Any]]]:
+    """(module, attribute path, eager original) for each torch.compile'd function megatron-core
+    defined in a module that is imported now (a scan; the patches use COMPILED_AT_IMPORT)."""
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name == "megatron.core" or name.startswith("megatron.core.")):
+            continue
+        for attr, value in list(vars(module).items()):
+            original = getattr(value, "_torchdynamo_orig_callable", None)
+            if original is not None and getattr(original, "__module__", None) == name:
+                yield name, attr, original
+            elif isinstance(value, type) and value.__module__ == name:
+                for meth, member in list(vars(value).items()):
+                    original = getattr(member, "_torchdynamo_orig_callable", None)
+                    if original is not None:
+                        yield name, f"{attr}.{meth}", original
+
+
+def _compiled_now(module: str, path: str) -> Callable[..., Any] | None:
+    owner: Any = sys.modules.get(module)
+    if owner is None:
+        return None  # imported later, it is decorated by the patched (eager) jit_fuser
+    for part in path.split("."):
+        owner = getattr(owner, part, None)
+        if owner is None:
+            return None
+    return getattr(owner, "_torchdynamo_orig_callable", None)
+
+
+def jit_patches() -> list[Patch]:
+    """``jit_fuser`` -> eager, and each function already compiled at import back to eager."""
+    api = "megatron.core.jit.jit_fuser (torch.compile)"
+    patches = [Patch("megatron.core.jit:jit_fuser", PatchKind.REPLACE, _REASON, replacement=eager,
+                     package=PACKAGE, versions=VERSIONS, action=Action.EMULATED, api=api, count_calls=False,
+                     rebind=False)]  # the original *is* torch.compile: never re-bind torch's own name
+    for module, attr in COMPILED_AT_IMPORT:
+        original = _compiled_now(module, attr)
+        if original is not None:  # same entry point and behaviour as the jit_fuser row of the table
+            patches.append(Patch(f"{module}:{attr}", PatchKind.REPLACE, _REASON, replacement=original,
+                                 package=PACKAGE, versions=VERSIONS, action=Action.EMULATED, api=api,
+                                 count_calls=False))
+    return patches

@@ -1,0 +1,29 @@
+"""The built-in Megatron plugin: the patches stock megatron-core needs on the targets.
+
+What the device and comm adaptors already cover is not repeated here (see
+docs/megatron.md): ``torch.cuda.current_device()`` used as a device, literal
+``device="cuda"``, ``torch.cuda.*FloatTensor`` type strings in the optimizers and
+gradient clipping, ``torch.cuda.synchronize`` in pipeline p2p, ``.cuda()`` on tied
+embeddings, and ``nccl`` process groups all work through those.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...hookspec import hookimpl
+
+__all__ = ["ascend_patch_register_patches", "megatron_patches"]
+
+
+def megatron_patches(backend: Any) -> list[Any]:
+    """Every Megatron patch for ``backend`` (the registry drops those for other targets)."""
+    from . import jit, norms, optimizer, rng, wgrad
+
+    return [*jit.jit_patches(), *rng.rng_patches(), *norms.norm_patches(), *wgrad.wgrad_patches(),
+            *optimizer.optimizer_patches()]
+
+
+@hookimpl
+def ascend_patch_register_patches(registry: Any, backend: Any) -> None:
+    registry.extend(megatron_patches(backend))

@@ -1,0 +1,71 @@
+"""``gradient_accumulation_fusion`` without apex's ``fused_weight_gradient_mlp_cuda``.
+
+With the fusion on, megatron-core's linear layers skip autograd's weight gradient and
+accumulate it straight into the DDP buffer's ``main_grad`` (saving one [out, in]
+temporary and an add per linear per microbatch). The CUDA extension provides two GEMMs
+that accumulate in place: ``wgrad_gemm_accum_fp32(input, grad_output, main_grad)`` for an
+fp32 ``main_grad`` (inputs fp32/bf16/fp16) and ``wgrad_gemm_accum_fp16`` for a 16-bit one.
+On the targets both are one in-place ``addmm_`` (a native accumulate-GEMM on cpu and on
+npu); 16-bit inputs are widened when ``main_grad`` is fp32, because the extension
+accumulates their product in fp32 too.
+
+The shim module is served only while apex's extension is not installed. megatron-core
+probes for it when ``megatron.core.tensor_parallel.layers`` is imported; if that happened
+before the patch, the module's flag and name are set too.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from ...patch import Action, Patch, PatchKind
+from ...shim import ShimModule
+from . import PACKAGE, VERSIONS
+
+__all__ = ["MODULE_NAME", "build_module", "wgrad_gemm_accum", "wgrad_patches"]
+
+MODULE_NAME = "fused_weight_gradient_mlp_cuda"
+
+
+def wgrad_gemm_accum(total_input: Any, grad_output: Any, main_grad: Any) -> None:
+    """``main_grad += grad_output^T @ total_input`` in place (2-D inputs, [n, in] and [n, out])."""
+    if total_input.dim() != 2 or grad_output.dim() != 2:
+        raise ValueError(f"{MODULE_NAME}: expected 2-D input and grad_output, got "
+                         f"{tuple(total_input.shape)} and {tuple(grad_output.shape)}")
+    dtype = main_grad.dtype
+    if grad_output.dtype != dtype:
+        grad_output = grad_output.to(dtype)
+    if total_input.dtype != dtype:
+        total_input = total_input.to(dtype)
+    main_grad.addmm_(grad_output.t(), total_input)
+
+
+def build_module(name: str = MODULE_NAME) -> ShimModule:
+    """The ``fused_weight_gradient_mlp_cuda`` shim."""
+    module = ShimModule(name, "ascend_patch: in-place weight-gradient accumulation (apex's extension "
+                              "is not installed)",
+                        hints={"*": "only wgrad_gemm_accum_fp32 and wgrad_gemm_accum_fp16 exist"})
+    module.wgrad_gemm_accum_fp32 = wgrad_gemm_accum
+    module.wgrad_gemm_accum_fp16 = wgrad_gemm_accum
+    return module
+
+
+def _module_object(_original: Any) -> Any:
+    return sys.modules.get(MODULE_NAME) or build_module()
+
+
+def wgrad_patches() -> list[Patch]:
+    layers = "megatron.core.tensor_parallel.layers"
+    return [
+        Patch(MODULE_NAME, PatchKind.MODULE, "gradient_accumulation_fusion: in-place addmm_ into main_grad",
+              make=build_module, action=Action.TRANSLATED, api=MODULE_NAME),
+        Patch(f"{layers}:_grad_accum_fusion_available", PatchKind.REPLACE,
+              "gradient_accumulation_fusion: megatron's import-time probe for apex's extension answers "
+              "yes (also when megatron-core was imported before the shim existed)", make=lambda original: True,
+              package=PACKAGE, versions=VERSIONS, count_calls=False),
+        Patch(f"{layers}:{MODULE_NAME}", PatchKind.ADD,
+              "gradient_accumulation_fusion: the extension module, where megatron-core was imported before "
+              "the shim existed", make=_module_object,
+              package=PACKAGE, versions=VERSIONS, count_calls=False),
+    ]

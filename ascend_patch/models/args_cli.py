@@ -1,0 +1,149 @@
+"""``ascend-patch args --hf-config PATH``: the Megatron arguments for a Hugging Face model.
+
+Prints the flags Megatron-LM / the example ``pretrain_gpt.py`` need to build the model
+that ``config.json`` describes, with the layer spec that serves it and the vocabulary
+(true size, and the padded size Megatron will build for the TP size given). The argv is
+valid Megatron: Megatron has no flag for the padded vocabulary, it pads ``--vocab-size``
+itself. ``--check FLAG ...`` compares a command line with the config instead and lists
+each disagreement (exit status 1 when there is one); ``ascend-patch check`` uses
+:func:`disagreements` for the same comparison.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from .hf_config import ModelConfig, read_config_json
+
+__all__ = ["disagreements", "format_args", "model_config_from_path", "register"]
+
+
+def model_config_from_path(path: str, spec: str | None = None) -> tuple[ModelConfig, str]:
+    """(ModelConfig, spec name) for a ``config.json`` (or a directory holding one)."""
+    from .registry import get_spec_registry
+
+    raw = read_config_json(path)
+    registry = get_spec_registry()
+    model_spec = registry.get(spec) if spec else registry.for_hf_config(raw)
+    return model_spec.config_from_hf(raw), model_spec.name
+
+
+def _parse_argv(argv: Sequence[str]) -> dict[str, Any]:
+    """``["--num-layers", "28", "--swiglu"]`` -> {"num-layers": "28", "swiglu": True}."""
+    given: dict[str, Any] = {}
+    items = list(argv)
+    i = 0
+    while i < len(items):
+        item = items[i]
+        if not item.startswith("--"):
+            raise ValueError(f"expected a --flag, got {item!r} (position {i})")
+        name, eq, value = item[2:].partition("=")
+        name = name.replace("_", "-")
+        if eq:
+            given[name] = value
+        elif i + 1 < len(items) and not items[i + 1].startswith("--"):
+            given[name] = items[i + 1]
+            i += 1
+        else:
+            given[name] = True
+        i += 1
+    return given
+
+
+def _same(expected: Any, given: Any) -> bool:
+    if expected is True or given is True:
+        return expected is given
+    try:
+        return float(expected) == float(given)
+    except (TypeError, ValueError):
+        return str(expected) == str(given)
+
+
+def disagreements(mc: ModelConfig, argv: Sequence[str], make_vocab_size_divisible_by: int = 128) -> list[str]:
+    """Each flag in ``argv`` that contradicts ``mc`` (and each switch the model needs that is missing)."""
+    expected = mc.megatron_args(make_vocab_size_divisible_by=make_vocab_size_divisible_by)
+    given = _parse_argv(argv)
+    problems = []
+    for name, value in given.items():
+        if name in expected and not _same(expected[name], value):
+            shown = "" if value is True else f" {value}"
+            want = "(a bare switch)" if expected[name] is True else str(expected[name])
+            problems.append(f"--{name}{shown}: config.json says {want}")
+    switches = ("swiglu", "disable-bias-linear", "add-qkv-bias", "qk-layernorm",
+                "untie-embeddings-and-output-weights", "group-query-attention", "use-rope-scaling")
+    for name in switches:
+        if expected.get(name) is True and name not in given:
+            problems.append(f"--{name} is missing: the model needs it")
+    for name in switches:
+        if given.get(name) is True and name not in expected:
+            problems.append(f"--{name} is given but the model does not use it")
+    return problems
+
+
+def format_args(mc: ModelConfig, spec: str, fmt: str = "lines", tensor_parallel_size: int = 1,
+                make_vocab_size_divisible_by: int = 128) -> str:
+    """The arguments as commented lines, one argv line, or JSON."""
+    args = mc.megatron_args(make_vocab_size_divisible_by=make_vocab_size_divisible_by)
+    padded = mc.padded_vocab(make_vocab_size_divisible_by, tensor_parallel_size)
+    if fmt == "json":
+        return json.dumps({"spec": spec, "args": args, "vocab": {
+            "true": mc.vocab_size, "padded": padded, "tensor_parallel_size": tensor_parallel_size,
+            "divisible_by": make_vocab_size_divisible_by}}, indent=2)
+    argv = mc.megatron_argv(make_vocab_size_divisible_by=make_vocab_size_divisible_by)
+    if fmt == "argv":
+        return " ".join(argv)
+    arch = ", ".join(mc.architectures) or mc.model_type
+    lines = [f"# {arch} (model_type {mc.model_type}): layer spec {spec!r} (--spec {spec})",
+             f"# vocabulary: {mc.vocab_size} tokens in config.json; Megatron builds {padded} rows at "
+             f"TP={tensor_parallel_size} (a multiple of {make_vocab_size_divisible_by} x {tensor_parallel_size})"]
+    if padded != mc.vocab_size:
+        lines.append(f"# the {padded - mc.vocab_size} padding rows are dropped again when exporting to HF")
+    flags: list[str] = []
+    for key, value in args.items():
+        flags.append(f"--{key}" if value is True else f"--{key} {value}")
+    lines += [f"{flag} \\" for flag in flags[:-1]] + flags[-1:]
+    return "\n".join(lines)
+
+
+def _cmd_args(ns: argparse.Namespace) -> int:
+    import sys
+
+    from .hf_config import ConfigMismatch
+    from .registry import UnknownSpec
+
+    try:
+        mc, spec = model_config_from_path(ns.hf_config, ns.spec)
+    except (ConfigMismatch, UnknownSpec) as exc:
+        print(f"ascend-patch args: {exc}", file=sys.stderr)
+        return 2
+    if ns.check is not None:
+        check = [a for a in ns.check if a != "--"]
+        try:
+            problems = disagreements(mc, check, ns.make_vocab_size_divisible_by)
+        except ValueError as exc:
+            print(f"ascend-patch args --check: {exc}", file=sys.stderr)
+            return 2
+        for line in problems:
+            print(line)
+        if not problems:
+            print(f"the {len(_parse_argv(check))} given arguments agree with {ns.hf_config}")
+        return 1 if problems else 0
+    print(format_args(mc, spec, ns.format, ns.tensor_model_parallel_size, ns.make_vocab_size_divisible_by))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the ``args`` command."""
+    p = sub.add_parser("args", help="print the Megatron arguments for a Hugging Face config.json")
+    p.add_argument("--hf-config", required=True, metavar="PATH", help="config.json or a directory holding one")
+    p.add_argument("--spec", help="model spec name (default: the one serving the config's model_type)")
+    p.add_argument("--tensor-model-parallel-size", type=int, default=1,
+                   help="TP size the padded vocabulary is shown for (default 1)")
+    p.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
+    p.add_argument("--format", choices=("lines", "argv", "json"), default="lines")
+    p.add_argument("--check", nargs=argparse.REMAINDER, metavar="FLAG",
+                   help="compare these Megatron arguments with the config (put it last)")
+    p.set_defaults(func=_cmd_args)

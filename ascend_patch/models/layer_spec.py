@@ -1,0 +1,79 @@
+"""The megatron-core layer spec the built-in families share: a dense pre-norm decoder layer.
+
+Built from megatron-core's own modules (``TransformerLayer``, ``SelfAttention``,
+``ColumnParallelLinear``/``RowParallelLinear``, ``MLP``, the local norm) with one change:
+the core attention is :class:`ascend_patch.models.attention.ContextParallelAttention`,
+so the specs train with context parallelism without Transformer Engine. Importing this
+module imports megatron-core; the family plugins import it only when a spec is built.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
+from megatron.core.models.backends import LocalSpecProvider
+from megatron.core.transformer.attention import SelfAttention, SelfAttentionSubmodules
+from megatron.core.transformer.enums import AttnMaskType
+from megatron.core.transformer.identity_op import IdentityOp
+from megatron.core.transformer.mlp import MLP, MLPSubmodules
+from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
+
+from .attention import ContextParallelAttention
+
+__all__ = ["dense_layer_spec", "family_layer_spec"]
+
+_NORMS = ("LayerNorm", "RMSNorm")
+
+
+def dense_layer_spec(normalization: str = "RMSNorm", qk_layernorm: bool = False) -> ModuleSpec:
+    """A decoder layer: norm -> self-attention (q/k norm optional) -> norm -> MLP, with residuals."""
+    if normalization not in _NORMS:
+        raise ValueError(f"normalization={normalization!r} is not supported; use one of {', '.join(_NORMS)}")
+    provider = LocalSpecProvider()
+    rms = normalization == "RMSNorm"
+    norm = provider.layer_norm(rms_norm=rms, for_qk=False)
+    qk_norm = provider.layer_norm(rms_norm=rms, for_qk=True) if qk_layernorm else IdentityOp
+    attention = ModuleSpec(
+        module=SelfAttention,
+        params={"attn_mask_type": AttnMaskType.causal},
+        submodules=SelfAttentionSubmodules(
+            linear_qkv=provider.column_parallel_linear(),
+            core_attention=ContextParallelAttention,
+            linear_proj=provider.row_parallel_linear(),
+            q_layernorm=qk_norm,
+            k_layernorm=qk_norm,
+        ),
+    )
+    mlp = ModuleSpec(module=MLP, submodules=MLPSubmodules(linear_fc1=provider.column_parallel_linear(),
+                                                          linear_fc2=provider.row_parallel_linear()))
+    return ModuleSpec(
+        module=TransformerLayer,
+        submodules=TransformerLayerSubmodules(
+            input_layernorm=norm,
+            self_attention=attention,
+            self_attn_bda=get_bias_dropout_add,
+            pre_mlp_layernorm=norm,
+            mlp=mlp,
+            mlp_bda=get_bias_dropout_add,
+            # the names TE-spec checkpoints use for these norms, as megatron-core's local spec maps them
+            sharded_state_dict_keys_map={
+                "input_layernorm.": "self_attention.linear_qkv.layer_norm_",
+                "pre_mlp_layernorm.": "mlp.linear_fc1.layer_norm_",
+            },
+        ),
+    )
+
+
+def family_layer_spec(config: Any, normalization: str, qk_layernorm: bool) -> ModuleSpec:
+    """The layer spec of a family whose defaults are ``normalization`` / ``qk_layernorm``.
+
+    ``config`` is an :class:`ascend_patch.models.hf_config.ModelConfig`, a megatron-core
+    ``TransformerConfig`` or None; its ``normalization`` wins over the family default, and
+    q/k norm is on when the family or the config asks for it.
+    """
+    if config is not None:
+        normalization = getattr(config, "normalization", None) or normalization
+        qk_layernorm = qk_layernorm or bool(getattr(config, "qk_layernorm", False))
+    return dense_layer_spec(normalization=normalization, qk_layernorm=qk_layernorm)

@@ -1,0 +1,16 @@
+"""The megatron-core layer spec for qwen2. Qwen2 / Qwen2.5: the llama layer; the q/k/v bias comes from TransformerConfig.add_qkv_bias."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from megatron.core.transformer.spec_utils import ModuleSpec
+
+from ..layer_spec import family_layer_spec
+
+__all__ = ["layer_spec"]
+
+
+def layer_spec(model_config: Any = None) -> ModuleSpec:
+    """The qwen2 decoder layer (context-parallel attention; see ascend_patch.models.layer_spec)."""
+    return family_layer_spec(model_config, normalization="RMSNorm", qk_layernorm=False)

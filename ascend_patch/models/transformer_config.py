@@ -1,0 +1,105 @@
+"""``ModelConfig`` (from an HF ``config.json``) -> megatron-core ``TransformerConfig`` and ``GPTModel`` arguments.
+
+The same facts :meth:`ModelConfig.megatron_args` prints as Megatron-LM flags, in the
+form megatron-core's Python API takes, so a program can build the model directly::
+
+    config = transformer_config(model_config, tensor_model_parallel_size=2, sequence_parallel=True)
+    model = GPTModel(config, spec.layer_spec(model_config), **gpt_model_kwargs(model_config, 2))
+
+megatron-core is imported only when :func:`transformer_config` is called.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .hf_config import ConfigMismatch, ModelConfig
+from .vocab import padded_vocab_size
+
+__all__ = ["transformer_config_kwargs", "transformer_config", "gpt_model_kwargs", "rope_scaling_kwargs"]
+
+_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+# megatron-core's RoPE scaling is Llama 3.x's with these constants fixed (only the factor is free)
+_LLAMA3_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+def _dropouts(mc: ModelConfig) -> tuple[float, float]:
+    raw = mc.raw
+    if mc.family == "gpt":
+        return float(raw.get("resid_pdrop", 0.1)), float(raw.get("attn_pdrop", 0.1))
+    return float(raw.get("hidden_dropout", 0.0)), float(raw.get("attention_dropout", 0.0))
+
+
+def transformer_config_kwargs(mc: ModelConfig, dtype: str | None = None, **overrides: Any) -> dict[str, Any]:
+    """The ``TransformerConfig`` keyword arguments for ``mc`` (``dtype`` fp32/bf16/fp16 overrides the
+    checkpoint's); ``overrides`` (parallel sizes, fusions, ...) are passed through and win."""
+    import torch
+    import torch.nn.functional as F
+
+    dtype = dtype or mc.params_dtype
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype {dtype!r}: use one of {', '.join(_DTYPES)}")
+    params_dtype = getattr(torch, _DTYPES[dtype])
+    hidden_dropout, attention_dropout = _dropouts(mc)
+    kwargs: dict[str, Any] = dict(
+        num_layers=mc.num_layers,
+        hidden_size=mc.hidden_size,
+        ffn_hidden_size=mc.ffn_hidden_size,
+        num_attention_heads=mc.num_attention_heads,
+        num_query_groups=mc.num_query_groups,
+        kv_channels=mc.kv_channels,
+        normalization=mc.normalization,
+        layernorm_epsilon=mc.norm_epsilon,
+        add_bias_linear=mc.add_bias_linear,
+        add_qkv_bias=mc.add_qkv_bias,
+        qk_layernorm=mc.qk_layernorm,
+        gated_linear_unit=mc.activation == "swiglu",
+        activation_func=F.silu if mc.activation == "swiglu" else F.gelu,
+        hidden_dropout=hidden_dropout,
+        attention_dropout=attention_dropout,
+        params_dtype=params_dtype,
+        pipeline_dtype=params_dtype,
+        bf16=dtype == "bf16",
+        fp16=dtype == "fp16",
+    )
+    kwargs.update(overrides)
+    return kwargs
+
+
+def transformer_config(mc: ModelConfig, dtype: str | None = None, **overrides: Any) -> Any:
+    """A megatron-core ``TransformerConfig`` for ``mc`` (see :func:`transformer_config_kwargs`)."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    return TransformerConfig(**transformer_config_kwargs(mc, dtype, **overrides))
+
+
+def rope_scaling_kwargs(scaling: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``GPTModel``'s ``rope_scaling`` / ``rope_scaling_factor`` for an HF ``rope_scaling`` entry."""
+    if not scaling:
+        return {"rope_scaling": False}
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind != "llama3":
+        raise ConfigMismatch(f"rope scaling of type {kind!r} has no megatron-core GPTModel counterpart "
+                             "(it implements Llama 3.x scaling only)")
+    for key, fixed in _LLAMA3_FIXED.items():
+        if key in scaling and float(scaling[key]) != fixed:
+            raise ConfigMismatch(f"llama3 rope scaling with {key}={scaling[key]}: megatron-core fixes it at {fixed}")
+    return {"rope_scaling": True, "rope_scaling_factor": float(scaling.get("factor", 8.0))}
+
+
+def gpt_model_kwargs(mc: ModelConfig, tensor_parallel_size: int = 1,
+                     make_vocab_size_divisible_by: int = 128) -> dict[str, Any]:
+    """``GPTModel`` keyword arguments besides the config and layer spec (vocab padded for TP)."""
+    kwargs: dict[str, Any] = dict(
+        vocab_size=padded_vocab_size(mc.vocab_size, make_vocab_size_divisible_by, tensor_parallel_size),
+        max_sequence_length=mc.max_position_embeddings,
+        share_embeddings_and_output_weights=mc.tie_word_embeddings,
+        position_embedding_type=mc.position_embedding_type,
+    )
+    if mc.position_embedding_type == "rope":
+        base = mc.rotary_base
+        kwargs["rotary_base"] = int(base) if float(base).is_integer() else base
+        kwargs["rotary_percent"] = 1.0
+        kwargs.update(rope_scaling_kwargs(mc.rope_scaling))
+    return kwargs
