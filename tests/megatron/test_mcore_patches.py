@@ -154,6 +154,21 @@ def test_torch_norm_under_sequence_parallel_and_persist(patched, normalization):
     assert not any(getattr(p, "sequence_parallel", False) for p in plain.parameters())
 
 
+def test_fused_layer_norm_builds_the_torch_norm_for_rms_configs(patched):
+    """With the apex shim, megatron's local spec picks FusedLayerNorm, which refuses RMSNorm."""
+    from megatron.core.fusions.fused_layer_norm import FusedLayerNorm
+
+    rms = FusedLayerNorm(_norm_config(sequence_parallel=True), 8, eps=1e-6)
+    assert isinstance(rms, torch.nn.RMSNorm) and rms.eps == 1e-6
+    assert all(getattr(p, "sequence_parallel", False) for p in rms.parameters())
+    layer = FusedLayerNorm(_norm_config(normalization="LayerNorm", apply_layernorm_1p=False,
+                                        memory_efficient_layer_norm=False), 8, eps=1e-5)
+    assert type(layer) is FusedLayerNorm  # LayerNorm stays megatron's own module (on the apex shim)
+    x = torch.randn(3, 8)
+    expected = (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, unbiased=False, keepdim=True) + 1e-5)
+    torch.testing.assert_close(layer(x), expected, rtol=1e-5, atol=1e-5)
+
+
 def test_torch_norm_refuses_zero_centered_gamma_clearly(patched):
     from megatron.core.transformer.torch_norm import WrappedTorchNorm
 

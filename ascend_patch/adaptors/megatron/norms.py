@@ -16,6 +16,12 @@ Without apex, megatron-core's specs build ``WrappedTorchNorm``, which refuses
 
 ``layernorm_zero_centered_gamma`` changes the parameterisation and stays refused, naming
 what to do.
+
+With the apex shim importable, megatron-core's local specs pick its ``FusedLayerNorm``
+for every norm, and that class refuses RMSNorm (on a GPU, RMSNorm models use TE's
+norm). Without apex they would have built the torch norm; ``FusedLayerNorm`` therefore
+builds exactly that for RMSNorm configs, so making apex importable never breaks a
+model that worked without it.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from typing import Any
 from ...patch import Patch, PatchKind
 from . import PACKAGE, VERSIONS
 
-__all__ = ["build_norm", "norm_patches"]
+__all__ = ["build_norm", "fused_layer_norm_new", "norm_patches"]
 
 
 def build_norm(cls: Any, config: Any, hidden_size: int, eps: float = 1e-5, persist_layer_norm: bool = False,
@@ -54,8 +60,21 @@ def build_norm(cls: Any, config: Any, hidden_size: int, eps: float = 1e-5, persi
     return norm
 
 
+def fused_layer_norm_new(cls: Any, config: Any, hidden_size: int, *args: Any, **kwargs: Any) -> Any:
+    """``FusedLayerNorm(...)``: LayerNorm as megatron-core builds it; other kinds as the torch norm."""
+    if getattr(config, "normalization", "LayerNorm") != "LayerNorm":
+        eps = args[0] if args else kwargs.get("eps", 1e-5)
+        return build_norm(cls, config, hidden_size, eps)  # not an instance: __init__ is skipped
+    return object.__new__(cls)
+
+
 def norm_patches() -> list[Patch]:
     return [Patch(
+        "megatron.core.fusions.fused_layer_norm:FusedLayerNorm.__new__", PatchKind.REPLACE,
+        "RMSNorm configs get the torch norm megatron-core builds without apex (its FusedLayerNorm "
+        "refuses RMSNorm, and the apex shim makes the local specs choose it)",
+        replacement=staticmethod(fused_layer_norm_new), package=PACKAGE, versions=VERSIONS,
+        api="megatron.core.fusions.fused_layer_norm.FusedLayerNorm", count_calls=False), Patch(
         "megatron.core.transformer.torch_norm:WrappedTorchNorm.__new__", PatchKind.REPLACE,
         "torch norm under sequence parallelism (params tagged for the TP all-reduce) and with "
         "persist_layer_norm / memory_efficient_layer_norm (apex kernel choices)",
