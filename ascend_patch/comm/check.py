@@ -15,6 +15,7 @@ import argparse
 import json
 import shlex
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -178,8 +179,13 @@ def preflight(world_size: int | None = None, nnodes: int | None = None, nproc_pe
               order: str = DEFAULT_ORDER, num_layer_list: str | list[int] | None = None, vpp: int | None = None,
               seq_length: int | None = None, sequence_parallel: bool = False, hf_config: str | None = None,
               model: ModelDims | None = None, load: str | None = None, trust_checkpoint: bool = False,
-              target: str = "npu") -> CheckReport:
-    """Everything ``ascend-patch check`` reports, as data."""
+              target: str = "npu", megatron_args: Sequence[str] | None = None) -> CheckReport:
+    """Everything ``ascend-patch check`` reports, as data.
+
+    With ``hf_config``, model sizes given on the command line (``model``) and the flags of a
+    Megatron command line (``megatron_args``) are checked against config.json: each that
+    disagrees is an error.
+    """
     report = CheckReport(None, nproc_per_node, None, None, None)
     if nnodes is not None and nproc_per_node is not None:
         nodes_world = nnodes * nproc_per_node
@@ -204,6 +210,23 @@ def preflight(world_size: int | None = None, nnodes: int | None = None, nproc_pe
             report.model = _model_from_hf(hf_config)
         except (ValueError, LookupError) as exc:
             report.errors.append(f"--hf-config {hf_config}: {exc}")
+    if model is not None and report.model is not None and hf_config:
+        for name, value in asdict(model).items():
+            said = getattr(report.model, name)
+            if name != "source" and value is not None and said is not None and value != said:
+                report.errors.append(f"--{name.replace('_', '-')} {value} disagrees with {hf_config}, which says "
+                                     f"{said}; drop the flag or fix it")
+    if megatron_args:
+        if not hf_config:
+            report.errors.append("--megatron-args is checked against a model config: give --hf-config too")
+        elif report.model is not None:
+            from ..models.args_cli import disagreements
+            from ..models.hf_config import read_config_json
+            from ..models.registry import get_spec_registry
+
+            cfg = read_config_json(hf_config)
+            mc = get_spec_registry().for_hf_config(cfg).config_from_hf(cfg)
+            report.errors.extend(f"{problem} ({hf_config})" for problem in disagreements(mc, megatron_args))
     if model is not None:
         base = report.model or ModelDims()
         merged = {k: (v if v is not None else getattr(base, k)) for k, v in asdict(model).items() if k != "source"}
@@ -335,7 +358,8 @@ def _run(args: argparse.Namespace) -> int:
     given = any(v is not None for k, v in asdict(model).items() if k != "source")
     report = preflight(args.world_size, args.nnodes, args.nproc_per_node, args.tp, args.pp, args.cp, args.ep,
                        args.etp, order, args.num_layer_list, args.vpp, args.seq_length, args.sequence_parallel,
-                       args.hf_config, model if given else None, args.load, args.trust_checkpoint, args.device)
+                       args.hf_config, model if given else None, args.load, args.trust_checkpoint, args.device,
+                       shlex.split(args.megatron_args) if args.megatron_args else None)
     print(_json(report) if args.json else format_report(report, args.max_rows))
     return 1 if report.errors else 0
 
@@ -368,6 +392,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     mod.add_argument("--hidden-size", type=int)
     mod.add_argument("--ffn-hidden-size", type=int)
     mod.add_argument("--num-experts", type=int)
+    mod.add_argument("--megatron-args", metavar="'ARGS'",
+                     help="a Megatron command line (quoted) whose model flags are checked against --hf-config")
     ck = p.add_argument_group("checkpoint")
     ck.add_argument("--load", help="a Megatron checkpoint directory to be loaded")
     ck.add_argument("--trust-checkpoint", action="store_true",

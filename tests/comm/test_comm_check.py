@@ -204,3 +204,27 @@ def test_mismatch_says_which_folders_each_side_has(tmp_path, capsys):
     code, out = run(capsys, "--world-size", 8, "--tp", 2, "--pp", 1, "--load", ckpt)
     assert code == 1
     assert "rank 0 would look for mp_rank_00/, the checkpoint has mp_rank_00_000/ .. mp_rank_01_003/" in out
+
+
+QWEN3_1_7B = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 2048,
+              "intermediate_size": 6144, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+              "num_hidden_layers": 28, "vocab_size": 151936, "rms_norm_eps": 1e-6, "rope_theta": 1000000,
+              "tie_word_embeddings": True, "torch_dtype": "bfloat16", "max_position_embeddings": 40960,
+              "hidden_act": "silu"}
+
+
+def test_arguments_that_disagree_with_the_hf_config_are_errors(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_1_7B))
+    argv = ("--num-layers 28 --hidden-size 2048 --num-attention-heads 16 --kv-channels 64 --swiglu "
+            "--disable-bias-linear --group-query-attention --num-query-groups 8 --qk-layernorm")
+    code = main(["check", "--world-size", "4", "--tp", "2", "--pp", "2", "--hf-config", str(tmp_path),
+                 "--num-attention-heads", "32", "--megatron-args", argv])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert f"--num-attention-heads 32 disagrees with {tmp_path}, which says 16" in out
+    assert "--kv-channels 64: config.json says 128" in out
+    assert "2 error(s)" in out
+    right = argv.replace("--kv-channels 64", "--kv-channels 128")
+    assert main(["check", "--world-size", "4", "--tp", "2", "--pp", "2", "--hf-config", str(tmp_path),
+                 "--megatron-args", right]) == 0
+    assert "OK: no errors" in capsys.readouterr().out
