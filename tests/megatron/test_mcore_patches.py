@@ -14,6 +14,7 @@ import torch
 
 from ascend_patch.backend import cpu_backend
 
+from helpers import child_env
 from mcore_run import mcore_world  # noqa: F401  (fixture)
 
 
@@ -161,12 +162,22 @@ def test_fused_layer_norm_builds_the_torch_norm_for_rms_configs(patched):
     rms = FusedLayerNorm(_norm_config(sequence_parallel=True), 8, eps=1e-6)
     assert isinstance(rms, torch.nn.RMSNorm) and rms.eps == 1e-6
     assert all(getattr(p, "sequence_parallel", False) for p in rms.parameters())
-    layer = FusedLayerNorm(_norm_config(normalization="LayerNorm", apply_layernorm_1p=False,
-                                        memory_efficient_layer_norm=False), 8, eps=1e-5)
-    assert type(layer) is FusedLayerNorm  # LayerNorm stays megatron's own module (on the apex shim)
-    x = torch.randn(3, 8)
-    expected = (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, unbiased=False, keepdim=True) + 1e-5)
-    torch.testing.assert_close(layer(x), expected, rtol=1e-5, atol=1e-5)
+    # LayerNorm stays megatron's own module running on the apex shim; that needs megatron imported
+    # after the patch (as `import ascend_patch` first arranges), so check it in a fresh process
+    code = (
+        "import types, torch, ascend_patch\n"
+        "from megatron.core.fusions.fused_layer_norm import FusedLayerNorm\n"
+        "cfg = types.SimpleNamespace(layernorm_zero_centered_gamma=False, persist_layer_norm=False,\n"
+        "    sequence_parallel=False, memory_efficient_layer_norm=False, normalization='LayerNorm',\n"
+        "    apply_layernorm_1p=False)\n"
+        "layer = FusedLayerNorm(cfg, 8, eps=1e-5)\n"
+        "x = torch.randn(3, 8)\n"
+        "ref = (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, unbiased=False, keepdim=True) + 1e-5)\n"
+        "print(type(layer).__name__, (layer(x) - ref).abs().max().item() < 1e-5)\n")
+    out = subprocess.run([sys.executable, "-c", code], env=child_env(ASCEND_PATCH_DEVICE="cpu"),
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-2:] == ["FusedLayerNorm", "True"]
 
 
 def test_torch_norm_refuses_zero_centered_gamma_clearly(patched):
