@@ -30,6 +30,8 @@ from .preflight import (
     check_query_groups,
     check_seq_length,
     collect,
+    divisors,
+    format_choices,
     parse_layer_list,
 )
 from .topology import DEFAULT_ORDER, ParallelLayout, RankRow
@@ -78,6 +80,17 @@ def _model_from_hf(path: str) -> ModelDims:
     experts = next((cfg[k] for k in ("num_experts", "num_local_experts", "n_routed_experts") if cfg.get(k)), None)
     return ModelDims(f"{spec.name} from {path}", mc.num_layers, mc.num_attention_heads, mc.num_query_groups,
                      mc.hidden_size, mc.ffn_hidden_size, int(experts) if experts else None)
+
+
+def _joint_tp_sizes(m: ModelDims, world_size: int, pp: int, cp: int) -> str:
+    """The TP sizes every model rule and the world accept at once (each error lists its own rule's)."""
+    import math
+
+    dims = [d for d in (m.num_attention_heads, m.num_query_groups, m.ffn_hidden_size) if d]
+    common = math.gcd(*dims) if dims else 1
+    fits = [t for t in divisors(common) if world_size % (t * pp * cp) == 0]
+    return (f"TP sizes that fit the heads, query groups, FFN and {world_size} ranks (PP={pp}, CP={cp}) together: "
+            f"{format_choices(fits)}")
 
 
 def _model_from_args(args: dict[str, Any], source: str) -> ModelDims | None:
@@ -255,7 +268,10 @@ def preflight(world_size: int | None = None, nnodes: int | None = None, nproc_pe
             checks.append(lambda: check_ffn_hidden_size(m.ffn_hidden_size, tp))
         if m.num_experts:
             checks.append(lambda: check_experts(m.num_experts, ep))
-        report.errors.extend(str(e) for e in collect(*checks))
+        tp_errors = collect(*checks)
+        report.errors.extend(str(e) for e in tp_errors)
+        if any(e.code in ("heads", "query-groups", "ffn") for e in tp_errors):
+            report.notes.append(_joint_tp_sizes(m, world_size, pp, cp))
         if m.num_layers:
             try:
                 stages = check_layers(m.num_layers, pp, vpp, layer_list, flags=TRAINING_FLAGS)

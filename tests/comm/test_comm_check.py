@@ -228,3 +228,10 @@ def test_arguments_that_disagree_with_the_hf_config_are_errors(tmp_path, capsys)
     assert main(["check", "--world-size", "4", "--tp", "2", "--pp", "2", "--hf-config", str(tmp_path),
                  "--megatron-args", right]) == 0
     assert "OK: no errors" in capsys.readouterr().out
+
+
+def test_tp_errors_come_with_the_sizes_that_fit_everything(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_1_7B))
+    assert main(["check", "--world-size", "8", "--tp", "3", "--hf-config", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "TP sizes that fit the heads, query groups, FFN and 8 ranks (PP=1, CP=1) together: 1, 2, 4 or 8" in out
