@@ -119,8 +119,11 @@ def _prepare_workdir(workdir: str | None) -> tuple[str, bool]:
     return path, False
 
 
-def _sparkline(values: list[float]) -> str:
+def _sparkline(values: list[float], width: int = 40) -> str:
     bars = "▁▂▃▄▅▆▇█"
+    if len(values) > width:  # the mean of each of `width` consecutive runs
+        edges = [round(i * len(values) / width) for i in range(width + 1)]
+        values = [sum(values[a:b]) / (b - a) for a, b in zip(edges, edges[1:])]
     lo, hi = min(values), max(values)
     span = (hi - lo) or 1.0
     return "".join(bars[min(len(bars) - 1, int((v - lo) / span * (len(bars) - 1) + 0.5))] for v in values)
@@ -156,6 +159,10 @@ def run_demo(workdir: str | None = None, keep: bool = False, device: str = "cpu"
     if not os.path.exists(EXAMPLE):
         raise DemoError(f"the demo trains with {EXAMPLE}, which is not here: run it from a clone of the "
                         "ascend_patch repository (pip install -e .)")
+    if device == "auto":  # one concrete target for every stage (check names it, workers use it)
+        from ..backend import probe_npu
+
+        device = "npu" if probe_npu()[0] else "cpu"
     path, temporary = _prepare_workdir(workdir)
     result = DemoResult(path)
     hf, mg, trained, back, check = (os.path.join(path, d) for d in ("hf", "mg", "trained", "hf-trained", "hf-check"))
@@ -182,7 +189,7 @@ def run_demo(workdir: str | None = None, keep: bool = False, device: str = "cpu"
 
         def check_layout() -> str:
             _run(_cli("check", "--world-size", str(nproc), "--tp", str(tp), "--pp", str(pp), "--hf-config", hf,
-                      "--device", device, "--megatron-args", " ".join(model_argv)),
+                      "--device", device, "--megatron-args=" + " ".join(model_argv)),
                  os.path.join(logs, "check.log"), env, show=lambda line: True)
             return "no errors: the layout fits the model"
 

@@ -67,6 +67,7 @@ def make_tiny_qwen3(path: str, shape: TinyQwen3 = TinyQwen3()) -> dict[str, obje
         max_position_embeddings=shape.max_position_embeddings, tie_word_embeddings=True,
         rope_theta=10000.0, rms_norm_eps=1e-6, bos_token_id=NEWLINE, eos_token_id=NEWLINE,
         pad_token_id=NEWLINE)
+    transformers.utils.logging.disable_progress_bar()
     torch.manual_seed(shape.seed)
     model = transformers.Qwen3ForCausalLM(config).float()
     os.makedirs(path, exist_ok=True)
