@@ -45,20 +45,30 @@ class DeviceMap:
 
     def lookup(self, device: Any, ints: bool = True) -> Any:
         """The target device for a CUDA designation, or NOT_A_DEVICE."""
-        key = (device, ints) if type(device) is int else device
+        kind = type(device)
+        if kind is int and not ints:
+            return NOT_A_DEVICE
         try:
-            return self._cache[key]
+            return self._cache[device]
         except KeyError:
             pass
         except TypeError:  # unhashable: not a device
             return NOT_A_DEVICE
-        kind = type(device)
         if kind is not str and kind is not torch.device and kind is not int:
-            return NOT_A_DEVICE  # never cache tensors, dtypes are cheap to reject
-        mapped = self._compute(device, ints)
+            return NOT_A_DEVICE  # never cache tensors or other objects
+        mapped = self._compute(device, True)
         if len(self._cache) < _CACHE_LIMIT:
-            self._cache[key] = mapped
+            self._cache[device] = mapped
         return mapped
+
+    @property
+    def cache(self) -> dict[Any, Any]:
+        """Value -> mapped device for every designation seen (hot paths read it directly).
+
+        Keys are str, torch.device and int; a bool or float equal to a cached int would hit
+        that int's entry, which is harmless: torch rejects them as devices anyway.
+        """
+        return self._cache
 
     def __call__(self, device: Any, ints: bool = True) -> Any:
         """``device`` translated onto the target, or unchanged when it is not a CUDA device."""

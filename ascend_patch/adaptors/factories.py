@@ -40,24 +40,6 @@ def _has_device_arg(op: str, name: str = "device") -> bool:
     return any(arg.name == name for schema in schemas for arg in schema.arguments)
 
 
-def _host_pinning(wrapper: Callable[..., Any]) -> Callable[..., Any]:
-    """On the cpu target ``pin_memory=True`` has no allocator behind it (torch raises): the
-    tensor is made in ordinary host memory, marked pinned as ``Tensor.pin_memory()`` marks it."""
-    from .tensors import _PINNED
-
-    def pinning(*args: Any, **kwargs: Any) -> Any:
-        if kwargs.get("pin_memory"):
-            del kwargs["pin_memory"]
-            out = wrapper(*args, **kwargs)
-            setattr(out, _PINNED, True)
-            return out
-        return wrapper(*args, **kwargs)
-
-    functools.update_wrapper(pinning, wrapper, assigned=("__name__", "__qualname__", "__doc__"), updated=())
-    pinning.__wrapped__ = wrapper.__wrapped__  # type: ignore[attr-defined]
-    return pinning
-
-
 def _public_name(fn: Any) -> tuple[str, str] | None:
     name = getattr(fn, "__name__", None)
     if not name:
@@ -93,26 +75,57 @@ def derive_device_functions() -> list[tuple[str, str]]:
     return sorted(found)
 
 
-def device_kwarg_wrapper(original: Callable[..., Any], dmap: DeviceMap, api: str) -> Callable[..., Any]:
-    """``original`` with its ``device=`` keyword translated (recording uses when reporting)."""
+def _made_pinned(original: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    from .tensors import _PINNED
+
+    del kwargs["pin_memory"]
+    out = original(*args, **kwargs)
+    setattr(out, _PINNED, True)
+    return out
+
+
+def device_kwarg_wrapper(original: Callable[..., Any], dmap: DeviceMap, api: str,
+                         pin_on_host: bool = False) -> Callable[..., Any]:
+    """``original`` with its ``device=`` keyword translated (recording uses when reporting).
+
+    ``pin_on_host``: the cpu target has no pinned allocator behind ``pin_memory=True`` (torch
+    raises), so the tensor is made in ordinary host memory and marked pinned, as
+    ``Tensor.pin_memory()`` marks it. Both jobs are done by one closure: a second layer
+    would double the cost of every factory call.
+    """
     lookup = dmap.lookup
+    cached = dmap.cache.get
+    missing = object()
     recorder = usage.active_recorder()
     if recorder is None:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if "device" in kwargs:
-                mapped = lookup(kwargs["device"])
+            if not kwargs:
+                return original(*args)
+            device = kwargs.get("device")
+            if device is not None:
+                try:
+                    mapped = cached(device, missing)
+                except TypeError:
+                    mapped = NOT_A_DEVICE
+                if mapped is missing:
+                    mapped = lookup(device)
                 if mapped is not NOT_A_DEVICE:
                     kwargs["device"] = mapped
+            if pin_on_host and kwargs.get("pin_memory"):
+                return _made_pinned(original, args, kwargs)
             return original(*args, **kwargs)
     else:
         shown = f"{api}(device=cuda)"
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if "device" in kwargs:
-                mapped = lookup(kwargs["device"])
+            device = kwargs.get("device")
+            if device is not None:
+                mapped = lookup(device)
                 if mapped is not NOT_A_DEVICE:
                     kwargs["device"] = mapped
                     recorder.hit(shown, Action.TRANSLATED.value)
+            if pin_on_host and kwargs.get("pin_memory"):
+                return _made_pinned(original, args, kwargs)
             return original(*args, **kwargs)
 
     functools.update_wrapper(wrapper, original, assigned=("__name__", "__qualname__", "__doc__"), updated=())
@@ -144,9 +157,7 @@ def factory_patches(dmap: DeviceMap) -> list[Patch]:
 
     def make(api: str, pinning: bool) -> Callable[[Any], Any]:
         def build(original: Any) -> Any:
-            wrapper = device_kwarg_wrapper(original, dmap, api)
-            if pinning:
-                wrapper = _host_pinning(wrapper)
+            wrapper = device_kwarg_wrapper(original, dmap, api, pin_on_host=pinning)
             _register_jit_builtin(original, wrapper)
             return wrapper
 

@@ -328,3 +328,17 @@ def test_plain_values_are_never_rebound(isolated, target):
     assert target.empty == (1,) and other.unrelated == ()
     ascend_patch.remove()
     assert target.empty == () and other.unrelated == ()
+
+
+@pytest.mark.parametrize("installed, versions", [
+    ("2.13.0+cpu", ">=2.13,<2.14"), ("2.14.0", ">=2.13,<2.14"), ("0.16.1", ">=0.16, <0.17"),
+    ("0.17.0rc1", ">=0.16,<0.17"), ("0.16.0rc1", ">=0.15"), ("0.16.1", "==0.16.*"), ("0.15.9", "==0.16.*"),
+    ("0.16.1", ""), ("1.4", "~=1.0"), ("2.12.9", ">2.12.9"), ("3.0", "!=3.0"), ("3.0.0", "==3.0"),
+])
+def test_version_ranges_follow_packaging(installed, versions):
+    """The fast path for plain comparisons decides exactly as packaging's SpecifierSet does."""
+    from packaging.specifiers import SpecifierSet
+
+    from ascend_patch.adaptors.manager import _in_range
+
+    assert _in_range(installed, versions) is SpecifierSet(versions).contains(installed)
