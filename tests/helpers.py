@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -13,3 +14,10 @@ def child_env(**extra: str) -> dict[str, str]:
     env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
     env.update(extra)
     return env
+
+
+def free_port() -> int:
+    """A TCP port free on this host now (for a child's rendezvous)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

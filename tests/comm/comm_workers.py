@@ -8,21 +8,17 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
 from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 
+from helpers import free_port
+
 # unit roundoff of each dtype: a sum of n terms in the dtype is within (n-1)*u*sum|x| (+u*|sum|)
 UNIT_ROUNDOFF = {torch.float32: 2.0 ** -24, torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11,
                  torch.float64: 2.0 ** -53}
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start(rank: int, world: int, port: int, patched: bool = True, backend: str = "nccl") -> None:

@@ -12,7 +12,7 @@ import pytest
 from ascend_patch.comm.topology import MEGATRON_GROUPS, ParallelLayout
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from comm_workers import free_port  # noqa: E402
+from helpers import free_port  # noqa: E402
 
 from helpers import child_env  # noqa: E402
 

@@ -18,6 +18,7 @@ import torch
 from ascend_patch.loaders.engine import convert
 from ascend_patch.loaders.formats import ConvertOptions
 from ascend_patch.models.vocab import padded_vocab_size
+from helpers import free_port
 from loaders_tiny import child_env, reference_logits
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mcore_worker.py")
@@ -28,13 +29,6 @@ CASES += [("qwen3", 1, 2, 2), ("llama", 2, 2, 2)]  # virtual pipeline: 4 layers 
 CASES += [("mistral", 2, 2, 1)]  # Mistral-style llama variant
 CASES += [("qwen2", 1, 2, 1, "mg-mg")]  # re-sharded mg(TP2,PP2) -> mg(TP1,PP2), never through HF
 
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _name(case):
@@ -64,7 +58,7 @@ def results(tmp_path_factory, hf_checkpoint):
         json.dump(cases, f)
     out = root / "results.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "4", "--master_port", str(_free_port()),
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "4", "--master_port", str(free_port()),
          WORKER, str(root / "cases.json"), str(out)],
         env=child_env(ASCEND_PATCH="0", OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=1500)
     if proc.returncode != 0 or not out.exists():

@@ -9,31 +9,19 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 
+from helpers import REPO, child_env, free_port
+
 __all__ = ["EXAMPLE", "REPO", "child_env", "free_port", "mcore_world", "run_example"]
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLE = os.path.join(REPO, "examples", "pretrain_gpt.py")
 TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")
 
 
-def child_env(**extra: str) -> dict[str, str]:
-    """Environment for a child process: no ASCEND_PATCH_* from the test process, this tree first."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ASCEND_PATCH")}
-    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
-    env.update(extra)
-    return env
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_example(workdir, nproc: int, *args: str, timeout: int = 600) -> list[dict]:
