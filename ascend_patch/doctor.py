@@ -35,6 +35,27 @@ if out.get("torch_import") == "ok" and sys.argv[1] == "1":
         out["npu_devices"] = torch.npu.device_count()
     except Exception as exc:
         out["torch_npu_import"] = f"{type(exc).__name__}: {exc}"
+if out.get("torch_import") == "ok":
+    try:
+        from ascend_patch.plugins import get_plugin_manager
+        from ascend_patch.models.registry import get_spec_registry
+        from ascend_patch.loaders.formats import get_format_registry
+        pm = get_plugin_manager()
+        made = {}
+        for spec in get_spec_registry().specs():
+            made.setdefault(spec.owner, []).append("spec " + spec.name)
+        formats = get_format_registry()
+        for kind in ("loader", "saver"):
+            for obj in formats.all(kind):
+                made.setdefault(formats.plugin_of(kind, obj.name), []).append(kind + " " + obj.name)
+        for name in pm.names():
+            hooks = [h.name for h in pm.pm.get_hookcallers(pm.pm.get_plugin(name)) or ()]
+            if "ascend_patch_register_patches" in hooks:
+                made.setdefault(name, []).insert(0, "patches")
+        out["plugins"] = [[name, pm.origins.get(name, ""), made.get(name, [])] for name in pm.names()]
+        out["plugin_failures"] = [str(f) for f in pm.failures]
+    except Exception as exc:
+        out["plugin_failures"] = ["listing plugins failed: %s: %s" % (type(exc).__name__, exc)]
 print(json.dumps(out))
 """
 
@@ -146,6 +167,12 @@ def format_diagnosis(d: Diagnosis) -> str:
         lines.append(f"import torch_npu {d.probe['torch_npu_import']}")
     lines.append(f"NPU devices     {d.probe.get('npu_devices', 0)}")
     lines.append(f"CUDA devices    {d.probe.get('cuda_devices', 0)}")
+    plugins = d.probe.get("plugins") or []
+    for i, (name, origin, made) in enumerate(plugins):
+        label = "plugins" if i == 0 else ""
+        lines.append(f"{label:<16}{name} ({origin or '?'}): {', '.join(made) or 'no contributions'}")
+    for failure in d.probe.get("plugin_failures") or []:
+        lines.append(f"{'plugin failure':<16}{failure}")
     lines.append("")
     lines.append(f"target (auto)   {d.target}: {d.why}")
     for item in d.advice:

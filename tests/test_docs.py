@@ -18,3 +18,22 @@ def test_coverage_table_matches_the_patch_table():
     assert not missing, ("docs/coverage.md is stale; regenerate the table with "
                          
                          "`ascend-patch report --device cpu --markdown --update docs/coverage.md`:\n" + "\n".join(missing[:5]))
+
+
+def test_relative_links_in_readme_and_docs_resolve():
+    import glob
+    import re
+
+    pages = [os.path.join(REPO, "README.md"), *glob.glob(os.path.join(REPO, "docs", "*.md")),
+             *glob.glob(os.path.join(REPO, "examples", "**", "README.md"), recursive=True)]
+    broken = []
+    for page in pages:
+        with open(page, encoding="utf-8") as f:
+            text = f.read()
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if "://" in target or target.startswith("#"):
+                continue
+            path = os.path.normpath(os.path.join(os.path.dirname(page), target.split("#")[0]))
+            if not os.path.exists(path):
+                broken.append(f"{os.path.relpath(page, REPO)} -> {target}")
+    assert len(pages) > 8 and not broken, broken

@@ -24,6 +24,24 @@ def test_doctor_on_this_machine(tmp_path):
     assert "torch_npu       not installed" in out
     assert "import torch    ok" in out
     assert "target (auto)   cpu: torch_npu is not installed; the cpu target runs everything on the host" in out
+    assert "plugins         device (builtin): patches\n" in out
+    assert "                models (builtin): spec gpt, spec llama, spec qwen2, spec qwen3\n" in out
+    assert "                loaders (builtin): loader hf, loader mg, saver hf, saver mg\n" in out
+    assert "plugin failure" not in out
+
+
+def test_doctor_names_a_plugin_that_fails_to_load(tmp_path):
+    site = tmp_path / "site"
+    (site / "broken_plugin").mkdir(parents=True)
+    (site / "broken_plugin" / "__init__.py").write_text("raise ImportError('needs libfoo')\n")
+    info = site / "broken_plugin-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-plugin\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[ascend_patch]\nbroken = broken_plugin\n")
+    out = _doctor(tmp_path, PYTHONPATH=os.pathsep.join([str(site), child_env()["PYTHONPATH"]]))
+    assert ("plugin failure  plugin 'broken' (distribution broken-plugin) failed in load: "
+            "ImportError: needs libfoo") in out
+    assert "                models (builtin): spec gpt" in out  # the others still load
 
 
 def _fake_torch_npu(root, autoload):

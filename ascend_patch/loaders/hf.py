@@ -24,7 +24,7 @@ from .formats import (CheckpointLoader, CheckpointSaver, ConvertOptions, SourceC
 from .preflight import Problem, check_tensors
 from .resolve import resolve_family, weight_map_for
 
-__all__ = ["HFLoader", "HFSaver", "source_from_hf_tensors", "synthesize_hf_config", "parse_size"]
+__all__ = ["HFLoader", "HFSaver", "hf_weight_files", "own_format_problems", "source_from_hf_tensors", "synthesize_hf_config", "parse_size"]
 
 _ARCH = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
          "qwen3": "Qwen3ForCausalLM"}
@@ -43,8 +43,9 @@ def _read_json(path: str) -> Any:
         raise CorruptCheckpoint(f"{path} is not valid JSON: {exc}") from None
 
 
-def _hf_files(path: str) -> tuple[dict[str, TensorInfo], list[Problem], str]:
-    """Every tensor in the directory's weight files, and problems with the index."""
+def hf_weight_files(path: str) -> tuple[dict[str, TensorInfo], list[Problem], str]:
+    """Every tensor in an HF directory's weight files (headers only), problems with its index, and
+    the index path ('' when there is none). Loader plugins for HF-like layouts start here."""
     from .safetensors_io import read_safetensors_index
     from .torch_io import safe_load, tensor_infos
 
@@ -110,7 +111,7 @@ class HFLoader(CheckpointLoader):
         if not os.path.isdir(path):
             raise CorruptCheckpoint(f"--load-dir {path} is not a directory")
         config = read_config_json(path)
-        tensors, file_problems, _ = _hf_files(path)
+        tensors, file_problems, _ = hf_weight_files(path)
         gen_path = os.path.join(path, "generation_config.json")
         generation = _read_json(gen_path) if os.path.isfile(gen_path) else None
         return source_from_hf_tensors(self.name, path, config, tensors, options, file_problems, generation)
@@ -127,6 +128,8 @@ def source_from_hf_tensors(fmt: str, path: str, config: dict[str, Any], tensors:
     problems = list(problems or [])
     spec, family_problems = resolve_family(options, config=config)
     problems += family_problems
+    wrong_format = own_format_problems(spec, fmt, "loader")
+    problems += wrong_format
     cfg: ModelConfig = spec.config_from_hf(config)
     wm = weight_map_for(spec, cfg)
     expected = wm.hf_tensors()
@@ -142,7 +145,8 @@ def source_from_hf_tensors(fmt: str, path: str, config: dict[str, Any], tensors:
         notes.append(f"sliding_window={window} is not represented in megatron-core's GPT layer: sequences longer "
                      "than the window will attend differently")
     found = {k: v.shape for k, v in tensors.items()}
-    problems += check_tensors(expected, found, f"{path}", ignorable)
+    if not wrong_format:  # else every tensor would be "missing" or "unexpected": only the symptom
+        problems += check_tensors(expected, found, f"{path}", ignorable)
     usable = {k: s for k, s in expected.items() if k in found and tuple(found[k]) == tuple(s)}
     counts = Counter(tensors[k].dtype for k in usable)
     dtype = counts.most_common(1)[0][0] if counts else "float32"
@@ -195,6 +199,19 @@ def synthesize_hf_config(cfg: ModelConfig, dtype: str) -> dict[str, Any]:
     return out
 
 
+def own_format_problems(spec: Any, fmt: str, kind: str) -> list[Problem]:
+    """A family whose HF files are not the weight map's own tensors (fused q/k/v, say) names the
+    loader / saver that handles them in ``spec.extras["hf_format"]``; any other HF format would
+    misread or miswrite them."""
+    wanted = (getattr(spec, "extras", None) or {}).get("hf_format")
+    if not wanted or wanted == fmt:
+        return []
+    owner = f" (from plugin {spec.owner})" if getattr(spec, "owner", "") else ""
+    return [Problem("hf-format", f"{spec.name} checkpoints store their tensors in their own layout, which the "
+                    f"{fmt!r} {kind} does not {'read' if kind == 'loader' else 'write'}",
+                    f"use --{kind} {wanted}{owner}")]
+
+
 class HFSaver(CheckpointSaver):
     name = "hf"
     aliases = ("huggingface", "hf_safetensors", "llama_hf", "qwen_hf", "qwen2_hf", "qwen3_hf", "mistral_hf")
@@ -203,8 +220,10 @@ class HFSaver(CheckpointSaver):
 
     def plan(self, source: SourceCheckpoint, options: ConvertOptions) -> TargetPlan:
         dtype = dtype_name(options.params_dtype) if options.params_dtype else source.dtype
-        wm = source.weight_map
-        tensors = [_identity(k, tuple(s)) for k, s in wm.hf_tensors().items()]
+        problems = own_format_problems(source.spec, self.name, "saver")
+        if problems:
+            return TargetPlan(files=[], problems=problems)
+        tensors = self.tensor_plans(source)
         from .blocks import itemsize
 
         limit = max(1, options.max_shard_size)
@@ -236,6 +255,12 @@ class HFSaver(CheckpointSaver):
         config = self._config(source, dtype)
         return TargetPlan(files=files, side_files=side, commit_files={"config.json": _dump(config)},
                           description=f"hf safetensors, {total} shard(s), {dtype}")
+
+    def tensor_plans(self, source: SourceCheckpoint) -> list[TensorPlan]:
+        """The tensors to write, as pieces of the canonical (weight-map) tensors: here each
+        canonical tensor as it is. A saver for a layout that fuses or renames tensors (see
+        examples/plugins) subclasses this saver and overrides only this method."""
+        return [_identity(k, tuple(s)) for k, s in source.weight_map.hf_tensors().items()]
 
     @staticmethod
     def _config(source: SourceCheckpoint, dtype: str) -> dict[str, Any]:
