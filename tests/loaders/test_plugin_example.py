@@ -24,14 +24,18 @@ WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mcore_worker.
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
     """The example installed with pip into its own directory (no dependencies: this venv has them)."""
+    import shutil
+
     target = tmp_path_factory.mktemp("phi3_site")
+    source = tmp_path_factory.mktemp("phi3_src") / "ascend-patch-phi3"
+    shutil.copytree(EXAMPLE, source)  # setuptools builds in the source tree: not in the repository's
     try:
         import setuptools  # noqa: F401  (the example's build backend: build in this environment)
         isolation = ["--no-build-isolation"]
     except ImportError:
         isolation = []  # pip fetches setuptools from the package index
     proc = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", *isolation,
-                           "--target", str(target), EXAMPLE], capture_output=True, text=True, timeout=600)
+                           "--target", str(target), str(source)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     infos = [p for p in os.listdir(target) if p.endswith(".dist-info")]
     assert infos == ["ascend_patch_phi3-0.1.0.dist-info"], infos
