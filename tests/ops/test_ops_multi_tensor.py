@@ -84,6 +84,32 @@ def test_scale_in_place_and_the_flag():
     assert narrow_noop.item() == 1
 
 
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+@pytest.mark.parametrize("in_dtype,out_dtype", [
+    (torch.float32, torch.bfloat16), (torch.bfloat16, torch.float32), (torch.float32, torch.float32)])
+def test_copy_at_scale_one_copies_exactly_and_flags_any_bad_input(bad, in_dtype, out_dtype):
+    # megatron's main <-> model param copies: multi_tensor_scale(..., [this, that], 1.0)
+    ins = tensors(in_dtype) + [torch.empty(0, dtype=in_dtype)]
+    outs = [torch.empty_like(t, dtype=out_dtype) for t in ins]
+    noop = flag()
+    MT.multi_tensor_scale(2048, noop, [ins, outs], 1.0)
+    assert noop.item() == 0
+    for i, o in zip(ins, outs):
+        assert torch.equal(o, i.to(out_dtype))
+    ins[-2].view(-1)[-1] = bad  # the last element of the last non-empty tensor
+    MT.multi_tensor_scale(2048, noop, [ins, outs], 1.0)
+    assert noop.item() == 1
+    assert torch.equal(outs[-2].view(-1)[-1:].isnan(), torch.tensor([math.isnan(bad)]))
+
+
+def test_copy_at_scale_one_of_integer_tensors():
+    ins = [torch.arange(10, dtype=torch.int64), torch.arange(4, dtype=torch.int64)]
+    outs = [torch.empty(10, dtype=torch.int64), torch.empty(4, dtype=torch.int64)]
+    noop = flag()
+    MT.multi_tensor_scale(2048, noop, [ins, outs], 1.0)
+    assert noop.item() == 0 and all(torch.equal(i, o) for i, o in zip(ins, outs))
+
+
 def test_scale_checks_the_input_not_the_narrowed_output():
     big = [torch.tensor([1e30])]  # finite in fp32, inf once stored as fp16: apex checks the input
     noop = flag()
