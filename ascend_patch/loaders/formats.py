@@ -187,6 +187,7 @@ class ConvertOptions:
     force: bool = False
     verify: bool = False
     progress: bool | None = None  # None: when stderr is a terminal
+    workers: int = 0  # threads writing the output; 0: one per core, at most 8
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 

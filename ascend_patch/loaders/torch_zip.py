@@ -3,9 +3,16 @@
 A torch checkpoint is a zip archive (entries stored, not compressed): ``data.pkl`` — a
 protocol-2 pickle in which each tensor is ``torch._utils._rebuild_tensor_v2(storage, ...)``
 and each storage a persistent id ``("storage", torch.<Type>Storage, key, "cpu", numel)`` —
-plus ``data/<key>`` records holding the raw bytes (64-byte aligned), ``byteorder``,
-``.storage_alignment`` and ``version``. Since the plan knows every shape, the whole archive
-is laid out up front; tensor bytes are then written (or copied file-to-file) at their offsets.
+plus ``data/<key>`` records holding the raw bytes, ``byteorder``, ``.storage_alignment``
+and ``version``. Since the plan knows every shape, the whole archive is laid out up front;
+tensor bytes are then written (or copied file-to-file) at their offsets.
+
+Records are 64-byte aligned as ``torch.save`` writes them, unless the caller gives a
+tensor's offset within a page in its source file (``page_offsets``): its record is then
+placed at that same offset within a page, so a file-to-file copy moves whole pages
+(``copy_file_range`` measured 1.5x faster on ext4 than with every page split in two).
+Such records are aligned to the tensor's element size, which is all ``torch.load``
+needs; ``.storage_alignment`` states the alignment every record of the file has.
 
 Importing torch costs this process ~4 s and ~220 MB resident on the project's machines, as
 much as copying a small model; hf -> mg therefore never imports it. ``torch.load`` (also
@@ -21,13 +28,14 @@ import os
 import pickle
 import struct
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["Slot", "TorchGlobal", "TORCH_DTYPES", "TorchZipWriter", "ZIP64_LIMIT"]
 
 ALIGN = 64
+PAGE = 4096
 ZIP64_LIMIT = 0xFFFFFFFF  # sizes / offsets at or above this need zip64 records
 _STORAGE = {"float32": "FloatStorage", "bfloat16": "BFloat16Storage", "float16": "HalfStorage",
             "float64": "DoubleStorage", "int64": "LongStorage", "int32": "IntStorage", "int16": "ShortStorage",
@@ -144,8 +152,10 @@ class TorchZipWriter:
     ``torch.serialization.set_crc32_options(False)`` — ``torch.load`` does not check them.
     """
 
-    def __init__(self, path: str, obj: Any, archive: str = "archive", crc: bool = False) -> None:
+    def __init__(self, path: str, obj: Any, archive: str = "archive", crc: bool = False,
+                 page_offsets: Mapping[str, int] | None = None) -> None:
         self.path, self.crc = path, crc
+        page_offsets = page_offsets or {}
         slots = list(_slots(obj))
         refs: dict[str, _TensorReduce] = {}
         keys: dict[str, str] = {}
@@ -156,7 +166,8 @@ class TorchZipWriter:
             refs[slot.sid] = _TensorReduce(_StorageRef(str(n), slot.dtype, _numel(slot.shape)), slot.shape)
         buf = io.BytesIO()
         _Pickler(buf, protocol=2).dump(_substitute(obj, refs))
-        small = [("data.pkl", buf.getvalue()), ("byteorder", b"little"), (".storage_alignment", str(ALIGN).encode())]
+        # the alignment is known after layout; two digits keep the record's size fixed ("64", "08")
+        small = [("data.pkl", buf.getvalue()), ("byteorder", b"little"), (".storage_alignment", b"64")]
         entries: list[_Entry] = [_Entry(f"{archive}/{name}", len(data)) for name, data in small]
         self.sizes: dict[str, int] = {}
         for slot in slots:
@@ -167,17 +178,25 @@ class TorchZipWriter:
         entries += [_Entry(f"{archive}/{name}", len(data)) for name, data in tail]
         payload = {f"{archive}/{name}": data for name, data in small + tail}
 
+        residue = {e.name: page_offsets[slot.sid] % PAGE for slot, e in zip(slots, entries[len(small):])
+                   if slot.sid in page_offsets and page_offsets[slot.sid] % _itemsize(slot.dtype) == 0}
         pos = 0
         for e in entries:
             e.header_offset = pos
             zip64 = e.size >= ZIP64_LIMIT or pos >= ZIP64_LIMIT
             base = 30 + len(e.name.encode()) + (20 if zip64 else 0)
             pad = (-(pos + base + 4)) % ALIGN  # the padding field itself has a 4-byte header
+            if e.name in residue:
+                pad = (residue[e.name] - (pos + base + 4)) % PAGE
             e.extra = (struct.pack("<HHQQ", 0x0001, 16, e.size, e.size) if zip64 else b"") + \
                 struct.pack("<HH", 0x4246, pad) + b"\0" * pad  # "FB": the padding id torch's writer uses
             e.data_offset = pos + 30 + len(e.name.encode()) + len(e.extra)
             pos = e.data_offset + e.size
         self.offsets = {slot.sid: e.data_offset for slot, e in zip(slots, entries[len(small):])}
+        self.alignment = ALIGN
+        while any(off % self.alignment for off in self.offsets.values()):
+            self.alignment //= 2
+        payload[f"{archive}/.storage_alignment"] = b"%02d" % self.alignment
         self._entries = entries
         self._data_entries = {slot.sid: e for slot, e in zip(slots, entries[len(small):])}
         self._crc_state = {sid: (0, 0) for sid in self.offsets}

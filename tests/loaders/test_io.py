@@ -89,6 +89,32 @@ def test_torch_zip_writer_output_loads_with_torch(tmp_path, monkeypatch, crc, zi
     assert torch.equal(raw_to_torch(got, "float32"), tensors["model/w"][10:20])
 
 
+@pytest.mark.parametrize("crc", [False, True])
+def test_torch_zip_records_placed_at_their_source_page_offset(tmp_path, crc):
+    """A record given its source's offset within a page starts at that offset within a page; torch reads it."""
+    tensors = {"a": torch.randn(40, 8), "b": torch.randn(9).to(torch.bfloat16), "c": torch.randn(3, 3)}
+    skeleton = {"model": {k: Slot(k, tuple(t.shape), str(t.dtype).replace("torch.", "")) for k, t in tensors.items()}}
+    path = str(tmp_path / "model_optim_rng.pt")
+    # a: 8-byte aligned in its source; b: 2-byte aligned (bf16); c: odd, not a float32 boundary -> default placement
+    writer = TorchZipWriter(path, skeleton, crc=crc, page_offsets={"a": 4096 * 3 + 1000, "b": 2, "c": 7})
+    assert writer.offsets["a"] % 4096 == 1000 and writer.offsets["b"] % 4096 == 2
+    assert writer.offsets["c"] % 64 == 0 and writer.alignment == 2
+    _write_all(writer, tensors)
+    for mmap in (False, True):
+        state = torch.load(path, weights_only=True, mmap=mmap)
+        assert all(torch.equal(state["model"][k], t) for k, t in tensors.items())
+    with zipfile.ZipFile(path) as zf:
+        assert zf.read("archive/.storage_alignment") == b"02"
+        if crc:
+            assert zf.testzip() is None
+    plain = str(tmp_path / "plain.pt")
+    w = TorchZipWriter(plain, skeleton)
+    assert w.alignment == 64 and all(off % 64 == 0 for off in w.offsets.values())
+    _write_all(w, tensors)
+    with zipfile.ZipFile(plain) as zf:
+        assert zf.read("archive/.storage_alignment") == b"64"
+
+
 def test_strided_tensor_inside_a_larger_storage(tmp_path):
     base = torch.arange(40.0).view(5, 8)
     path = str(tmp_path / "s.pt")
