@@ -11,7 +11,7 @@ copy engine.
 Writers are opened when a group's first unit starts and closed after its last one.
 Everything the caller sees — the progress bar, ``on_progress`` events, the exception
 of a failed worker, a signal — happens in the calling thread: workers only put events
-on a queue. On any exception there (a worker's error, ``Interrupted``, Ctrl-C) the
+on a queue, and block the usual asynchronous signals. On any exception there (a worker's error, ``Interrupted``, Ctrl-C) the
 workers stop after their current tensor and every open writer is aborted.
 """
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import queue
+import signal
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -138,8 +139,7 @@ def write_groups(groups: list[list[TargetFile]], tensors: Any, workers: int,
     threads = [threading.Thread(target=_worker, args=(run, tensors, write_tensor, block_bytes),
                                 name=f"ascend_patch-convert-{k}", daemon=True)
                for k in range(max(1, min(workers, len(spans))))]
-    for t in threads:
-        t.start()
+    _start_without_signals(threads)
     try:
         running = len(threads)
         while running:
@@ -158,6 +158,27 @@ def write_groups(groups: list[list[TargetFile]], tensors: Any, workers: int,
         raise
     for t in threads:
         t.join()
+
+
+# Signals a user or a launcher sends; the workers block them, so the kernel delivers them to the
+# calling thread. Delivered to a worker, a signal would not interrupt a blocking call of the
+# calling thread (a time.sleep, a wait), and Ctrl-C or SIGTERM could go unnoticed.
+_ASYNC_SIGNALS = {getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2",
+                                                     "SIGALRM", "SIGCHLD", "SIGWINCH") if hasattr(signal, name)}
+
+
+def _start_without_signals(threads: list[threading.Thread]) -> None:
+    """Start ``threads`` with :data:`_ASYNC_SIGNALS` blocked in them (they inherit the mask at creation)."""
+    if not hasattr(signal, "pthread_sigmask"):
+        for t in threads:
+            t.start()
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _ASYNC_SIGNALS)
+    try:
+        for t in threads:
+            t.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _worker(run: _Run, tensors: Any, write_tensor: Callable[..., int], block_bytes: int) -> None:

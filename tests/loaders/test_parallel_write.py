@@ -96,3 +96,22 @@ def test_default_workers_follow_the_cores_this_process_may_use(monkeypatch):
     assert parallel_write.default_workers() == 3
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
     assert parallel_write.default_workers() == 8
+
+
+def test_workers_leave_signals_to_the_calling_thread(tmp_path, hf_checkpoint, monkeypatch):
+    """A process-directed SIGINT/SIGTERM must reach the thread that can act on it (and interrupt its waits)."""
+    import signal
+
+    hf, _ = hf_checkpoint("qwen3")
+    masks = []
+    real = engine._write_tensor
+
+    def recording(*args):
+        masks.append(signal.pthread_sigmask(signal.SIG_BLOCK, []))
+        return real(*args)
+
+    monkeypatch.setattr(engine, "_write_tensor", recording)
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    convert(hf, str(tmp_path / "mg"), "hf", "mg", ConvertOptions(target_tp=2, target_pp=2, workers=2))
+    assert masks and all({signal.SIGINT, signal.SIGTERM, signal.SIGHUP} <= mask for mask in masks)
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == before  # the caller's own mask is untouched
