@@ -152,6 +152,10 @@ def source_from_hf_tensors(fmt: str, path: str, config: dict[str, Any], tensors:
     dtype = counts.most_common(1)[0][0] if counts else "float32"
     if len(counts) > 1:
         notes.append(f"mixed tensor dtypes {dict(counts)}; converting all to the target dtype")
+    declared = config.get("dtype", config.get("torch_dtype"))
+    if counts and isinstance(declared, str) and declared.replace("torch.", "") != dtype:
+        notes.append(f"config.json declares {declared.replace('torch.', '')} but the tensors are {dtype}; the "
+                     f"output keeps {dtype} unless --params-dtype says otherwise")
     return SourceCheckpoint(
         format=fmt, path=path, spec=spec, config=cfg, weight_map=wm,
         tensors={k: tensors[k] for k in usable},

@@ -139,7 +139,9 @@ class MegatronLoader(CheckpointLoader):
             cfg = dataclasses.replace(cfg, vocab_size=int(vocab))
         if cfg.num_layers != layout.num_layers:
             problems.append(Problem("layers-vs-files", f"the config says {cfg.num_layers} layers but the rank files "
-                                    f"hold {layout.num_layers} ({','.join(map(str, counts))})"))
+                                    f"hold {layout.num_layers} ({','.join(map(str, counts))})",
+                                    "the checkpoint is incomplete or its stored config belongs to another model; "
+                                    "re-convert or re-save it"))
         if padded is None:
             emb = states[(0, 0)][chunks[0]].get("embedding.word_embeddings.weight")
             padded = int(emb.shape[0]) * tp if emb is not None else cfg.vocab_size
@@ -154,7 +156,9 @@ class MegatronLoader(CheckpointLoader):
             state = states[(t, p)]
             names = _chunk_names(state, file)
             if len(names) != vpp:
-                problems.append(Problem("vpp-mismatch", f"{rel} holds {len(names)} model chunks, rank 0 holds {vpp}"))
+                problems.append(Problem("vpp-mismatch", f"{rel} holds {len(names)} model chunks, rank 0 holds {vpp}",
+                                        "every rank file of a virtual-pipeline checkpoint holds the same number of "
+                                        "chunks (model0, model1, ...); the files come from different saves"))
                 continue
             for v, chunk in enumerate(names):
                 infos = dict(tensor_infos(state[chunk], file))
@@ -176,7 +180,8 @@ class MegatronLoader(CheckpointLoader):
                         plans[pid] = e
         canonical, replicas = invert(plans.items())
         for key, missing in coverage_gaps(canonical, wm.hf_tensors()).items():
-            problems.append(Problem("coverage", f"{key}: {missing} elements are not held by any rank file"))
+            problems.append(Problem("coverage", f"{key}: {missing} elements are not held by any rank file",
+                                    "a rank file is missing tensors (see above); the checkpoint cannot be rebuilt"))
         dtypes = Counter(i.dtype for i in tensors.values())
         return SourceCheckpoint(
             format=self.name, path=path, spec=spec, config=cfg, weight_map=wm, tensors=tensors,

@@ -119,8 +119,8 @@ def check_vocab(vocab_size: int, divisor: int, tp: int, padded: int | None = Non
 DTYPE_CHOICES = ("fp32", "bf16", "fp16", "float32", "bfloat16", "float16")
 
 
-def check_dtype(requested: str | None, source: str, declared: str | None = None) -> list[Problem]:
-    """``--params-dtype`` and the config's declared dtype against what the tensors are."""
+def check_dtype(requested: str | None, source: str) -> list[Problem]:
+    """``--params-dtype`` and the tensors' own dtype are ones the converter writes and reads."""
     problems = []
     if requested is not None and requested not in DTYPE_CHOICES:
         problems.append(Problem("dtype", f"--params-dtype {requested!r} is not a dtype the converter writes",
@@ -169,7 +169,8 @@ def check_output_dir(save_dir: str, force: bool, load_dir: str | None = None) ->
             problems.append(Problem("output-in-source", f"--save-dir {save_dir} is (inside) --load-dir {load_dir}",
                                     "choose a directory outside the source checkpoint"))
     if os.path.exists(save) and not os.path.isdir(save):
-        problems.append(Problem("output-not-dir", f"--save-dir {save_dir} exists and is not a directory"))
+        problems.append(Problem("output-not-dir", f"--save-dir {save_dir} exists and is not a directory",
+                                "choose a directory path"))
     elif os.path.isdir(save) and os.listdir(save) and not force:
         entries = sorted(os.listdir(save))
         problems.append(Problem("output-not-empty", f"--save-dir {save_dir} is not empty ({len(entries)} entries: "

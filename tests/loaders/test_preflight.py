@@ -60,7 +60,7 @@ def _refused(tmp_path, hf, saver="mg", loader="hf", save=None, **kw):
     save = save or str(tmp_path / "out")
     with pytest.raises(PreflightError) as info:
         convert(hf, save, loader, saver, ConvertOptions(**kw))
-    assert not os.path.exists(save) or os.listdir(save) == [] or save.endswith("busy")
+    assert not os.path.exists(save) or not os.path.isdir(save) or os.listdir(save) == [] or save.endswith("busy")
     return info.value
 
 
@@ -121,3 +121,133 @@ def test_old_and_new_config_styles_read_the_same(tmp_path, hf_checkpoint):
     a, b = HFLoader().open(new, ConvertOptions()), HFLoader().open(old, ConvertOptions())
     assert a.config.rotary_base == b.config.rotary_base == 1e6
     assert a.config.to_dict() == b.config.to_dict()
+
+
+# -- problems of the source's files ------------------------------------------------------------
+
+def _sharded(tmp_path, hf_checkpoint):
+    hf, _ = hf_checkpoint("llama", max_shard_size="200KB")
+    copy = tmp_path / "sharded"
+    shutil.copytree(hf, copy)
+    with open(copy / "model.safetensors.index.json") as f:
+        index = json.load(f)
+    assert len(set(index["weight_map"].values())) > 1
+    return copy, index
+
+
+def test_index_listing_tensors_its_shards_lack(tmp_path, hf_checkpoint):
+    copy, index = _sharded(tmp_path, hf_checkpoint)
+    index["weight_map"]["model.layers.0.ghost.weight"] = next(iter(index["weight_map"].values()))
+    (copy / "model.safetensors.index.json").write_text(json.dumps(index))
+    err = _refused(tmp_path, str(copy))
+    problem = next(p for p in err.problems if p.code == "index-mismatch")
+    assert "lists 1 tensor(s) its shards do not hold: model.layers.0.ghost.weight" in str(problem)
+    assert "re-download" in str(problem)
+
+
+def test_tensor_stored_in_two_shards(tmp_path, hf_checkpoint):
+    from safetensors.torch import load_file, save_file
+
+    copy, index = _sharded(tmp_path, hf_checkpoint)
+    first, second = sorted(set(index["weight_map"].values()))[:2]
+    a, b = load_file(str(copy / first)), load_file(str(copy / second))
+    key = next(iter(a))
+    b[key] = a[key].clone()
+    save_file(b, str(copy / second), metadata={"format": "pt"})
+    err = _refused(tmp_path, str(copy))
+    problem = next(p for p in err.problems if p.code == "duplicate-tensor")
+    assert key in str(problem) and first in str(problem) and second in str(problem) and "remove one copy" in str(problem)
+
+
+def test_output_path_that_is_a_file_and_too_little_disk(tmp_path, hf_checkpoint, monkeypatch):
+    import collections
+
+    from ascend_patch.loaders import preflight
+
+    hf, _ = hf_checkpoint("qwen2")
+    a_file = tmp_path / "out.pt"
+    a_file.write_text("not a directory")
+    err = _refused(tmp_path, hf, save=str(a_file))
+    assert "output-not-dir" in err.codes() and "choose a directory path" in str(err)
+    assert a_file.read_text() == "not a directory"
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(preflight.shutil, "disk_usage", lambda path: usage(10**9, 10**9 - 1000, 1000))
+    err = _refused(tmp_path, hf)
+    problem = next(p for p in err.problems if p.code == "disk-space")
+    assert "0.00 GB free" in str(problem) and "free space or choose another --save-dir" in str(problem)
+
+
+def _rewrite_rank_files(root, edit):
+    """Load every rank file of a Megatron checkpoint, let ``edit(rel, state)`` change it, save it back."""
+    import argparse
+
+    import torch
+
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            if name.endswith(".pt"):
+                path = os.path.join(dirpath, name)
+                with torch.serialization.safe_globals([argparse.Namespace]):
+                    state = torch.load(path, weights_only=True)
+                edit(os.path.relpath(dirpath, root), state)
+                torch.save(state, path)
+
+
+def _mg(tmp_path, hf_checkpoint, **layout):
+    from ascend_patch.loaders.formats import ConvertOptions
+
+    hf, _ = hf_checkpoint("qwen3")
+    mg = tmp_path / "mg"
+    convert(hf, str(mg), "hf", "mg", ConvertOptions(**layout))
+    return mg
+
+
+def test_megatron_args_and_layers_that_disagree_with_the_files(tmp_path, hf_checkpoint):
+    mg = _mg(tmp_path, hf_checkpoint, target_tp=2)
+
+    def edit(rel, state):
+        state["args"].tensor_model_parallel_size = 4
+        state["ascend_patch"]["hf_config"]["num_hidden_layers"] = 6
+
+    _rewrite_rank_files(mg, edit)
+    err = _refused(tmp_path, str(mg), loader="mg", saver="hf", save=str(tmp_path / "hf"))
+    by_code = {p.code: str(p) for p in err.problems}
+    assert "args.tensor_model_parallel_size is 4 but" in by_code["args-vs-files"] and "holds 2" in by_code["args-vs-files"]
+    assert "the config says 6 layers but the rank files hold 4 (4)" in by_code["layers-vs-files"]
+    assert "re-convert" in by_code["layers-vs-files"]
+
+
+def test_megatron_rank_file_missing_a_tensor_or_a_chunk(tmp_path, hf_checkpoint):
+    import torch
+
+    mg = _mg(tmp_path, hf_checkpoint, target_tp=2, target_pp=2, target_vpp=2)
+
+    def edit(rel, state):
+        if rel.endswith("mp_rank_01_001"):
+            del state["model1"]  # one virtual-pipeline chunk short
+        if rel.endswith("mp_rank_01_000"):
+            del state["model0"]["decoder.layers.0.mlp.linear_fc2.weight"]
+            state["model0"]["decoder.layers.0.mlp.stray.weight"] = torch.zeros(3)
+
+    _rewrite_rank_files(mg, edit)
+    err = _refused(tmp_path, str(mg), loader="mg", saver="hf", save=str(tmp_path / "hf"))
+    by_code = {p.code: str(p) for p in err.problems}
+    assert "mp_rank_01_001" in by_code["vpp-mismatch"] and "holds 1 model chunks, rank 0 holds 2" in by_code["vpp-mismatch"]
+    assert "decoder.layers.0.mlp.linear_fc2.weight" in by_code["missing-tensors"]
+    assert "decoder.layers.0.mlp.stray.weight" in by_code["unexpected-tensors"]
+    assert "down_proj.weight" in by_code["coverage"] and "not held by any rank file" in by_code["coverage"]
+
+
+def test_config_dtype_that_the_tensors_do_not_have_is_noted(tmp_path, hf_checkpoint):
+    from ascend_patch.loaders.formats import ConvertOptions
+    from ascend_patch.loaders.hf import HFLoader
+
+    hf, _ = hf_checkpoint("llama")
+    copy = tmp_path / "declared"
+    shutil.copytree(hf, copy)
+    with open(copy / "config.json") as f:
+        config = json.load(f)
+    config["dtype"] = "bfloat16"
+    (copy / "config.json").write_text(json.dumps(config))
+    notes = HFLoader().open(str(copy), ConvertOptions()).notes
+    assert any("config.json declares bfloat16 but the tensors are float32" in n for n in notes), notes
