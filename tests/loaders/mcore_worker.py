@@ -20,7 +20,7 @@ import sys
 import traceback
 
 
-def _config(hf: dict, tp: int, pp: int, vpp: int):
+def _config(hf: dict, tp: int, pp: int, vpp: int, layer_list: list[int] | None = None):
     import torch.nn.functional as F
     from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -37,6 +37,9 @@ def _config(hf: dict, tp: int, pp: int, vpp: int):
         pipeline_dtype=torch_float(),
         bias_activation_fusion=False, bias_dropout_fusion=False, masked_softmax_fusion=False,
         apply_rope_fusion=False, gradient_accumulation_fusion=False,
+        # an uneven split: megatron-core's first/last-stage layer counts (the converter's --num-layer-list)
+        num_layers_in_first_pipeline_stage=layer_list[0] if layer_list else None,
+        num_layers_in_last_pipeline_stage=layer_list[-1] if layer_list else None,
     )
 
 
@@ -67,7 +70,7 @@ def run_case(case: dict) -> dict:
         ps.destroy_model_parallel()
     ps.initialize_model_parallel(tp, pp, virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None)
     model_parallel_cuda_manual_seed(1234)
-    config = _config(hf, tp, pp, vpp)
+    config = _config(hf, tp, pp, vpp, case.get("layer_list"))
     spec = get_gpt_layer_local_spec(qk_layernorm=config.qk_layernorm, normalization="RMSNorm")
     tied = bool(hf.get("tie_word_embeddings", False))
     chunks = []

@@ -28,6 +28,7 @@ CASES = [(family, tp, pp, 1) for family in ("qwen3", "llama", "qwen2") for tp, p
 CASES += [("qwen3", 1, 2, 2), ("llama", 2, 2, 2)]  # virtual pipeline: 4 layers -> 1 per chunk
 CASES += [("mistral", 2, 2, 1)]  # Mistral-style llama variant
 CASES += [("qwen2", 1, 2, 1, "mg-mg")]  # re-sharded mg(TP2,PP2) -> mg(TP1,PP2), never through HF
+CASES += [("llama", 2, 2, 1, "layers-1-3")]  # uneven stages: --num-layer-list 1,3
 
 
 
@@ -47,13 +48,18 @@ def results(tmp_path_factory, hf_checkpoint):
             ids = torch.randint(0, 300, (2, 12), generator=torch.Generator().manual_seed(7))
             torch.save({"input_ids": ids, "logits": reference_logits(model, ids)}, inputs)
         mg = str(root / _name(case))
-        if len(case) > 4:  # mg -> mg
+        layer_list = None
+        if len(case) > 4 and case[4] == "mg-mg":
             convert(hf, mg + "-src", "hf", "mg", ConvertOptions(target_tp=2, target_pp=2))
             convert(mg + "-src", mg, "mg", "mg", ConvertOptions(target_tp=tp, target_pp=pp))
+        elif len(case) > 4:
+            layer_list = [int(n) for n in case[4].split("-")[1:]]
+            convert(hf, mg, "hf", "mg", ConvertOptions(target_tp=tp, target_pp=pp, num_layer_list=tuple(layer_list)))
         else:
             convert(hf, mg, "hf", "mg", ConvertOptions(target_tp=tp, target_pp=pp, target_vpp=vpp))
         cases.append(dict(name=_name(case), tp=tp, pp=pp, vpp=vpp, mg_dir=mg, hf_config=f"{hf}/config.json",
-                          inputs=str(inputs), padded_vocab=padded_vocab_size(300, 128, tp), vocab=300))
+                          inputs=str(inputs), padded_vocab=padded_vocab_size(300, 128, tp), vocab=300,
+                          layer_list=layer_list))
     with open(root / "cases.json", "w") as f:
         json.dump(cases, f)
     out = root / "results.json"
