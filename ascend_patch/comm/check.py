@@ -16,7 +16,7 @@ import json
 import shlex
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from .checkpoint_probe import CheckpointLayout, probe_checkpoint
@@ -35,6 +35,9 @@ from .preflight import (
     parse_layer_list,
 )
 from .topology import DEFAULT_ORDER, ParallelLayout, RankRow
+
+# check takes a per-stage list (--num-layer-list) to describe the launch; remedies name training's flags
+CHECK_FLAGS = replace(TRAINING_FLAGS, layer_list="--num-layer-list")
 
 __all__ = ["CheckReport", "ModelDims", "convert_command", "format_report", "preflight", "register", "resharded_dir"]
 
@@ -274,7 +277,7 @@ def preflight(world_size: int | None = None, nnodes: int | None = None, nproc_pe
             report.notes.append(_joint_tp_sizes(m, world_size, pp, cp))
         if m.num_layers:
             try:
-                stages = check_layers(m.num_layers, pp, vpp, layer_list, flags=TRAINING_FLAGS)
+                stages = check_layers(m.num_layers, pp, vpp, layer_list, flags=CHECK_FLAGS)
             except ParallelConfigError as exc:
                 report.errors.append(str(exc))
     elif layer_list is not None:

@@ -27,6 +27,7 @@ __all__ = [
     "ParallelConfigError",
     "ParallelFlags",
     "TRAINING_FLAGS",
+    "balanced_layer_list",
     "check_experts",
     "check_ffn_hidden_size",
     "check_heads",
@@ -40,6 +41,8 @@ __all__ = [
     "format_choices",
     "parse_layer_list",
     "stage_layer_ranges",
+    "training_split_flags",
+    "uneven_split",
 ]
 
 
@@ -53,21 +56,32 @@ class ParallelConfigError(ValueError):
 
 @dataclass(frozen=True)
 class ParallelFlags:
-    """The command-line flag names remedies should mention (training and conversion differ)."""
+    """The command-line flag names remedies should mention (training and conversion differ).
+
+    ``layer_list`` is the flag taking one layer count per stage where there is one (the
+    converter's ``--num-layer-list``; ``ascend-patch check`` has it too). Training has no
+    such flag: megatron-core 0.16 splits unevenly only by the first and last stage's counts
+    (``TransformerConfig.num_layers_in_first/last_pipeline_stage``, Megatron-LM's
+    ``first_last`` flags) or a ``pipeline_model_parallel_layout``; an uneven-split remedy
+    names ``first_last`` when it is set, else ``layer_list``.
+    """
 
     tp: str = "--tensor-model-parallel-size"
     pp: str = "--pipeline-model-parallel-size"
     cp: str = "--context-parallel-size"
-    ep: str = "--expert-model-parallel-size"
+    ep: str | None = "--expert-model-parallel-size"
     etp: str = "--expert-tensor-parallel-size"
     vpp: str = "--num-virtual-stages-per-pipeline-rank"
-    layer_list: str = "--num-layer-list"
+    layer_list: str | None = None
+    first_last: tuple[str, str] | None = ("--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers")
     seq_length: str = "--seq-length"
 
 
 TRAINING_FLAGS = ParallelFlags()
+# ascend-patch convert refuses expert-parallel checkpoints, so it has no EP flag to name
 CONVERT_FLAGS = ParallelFlags(tp="--target-tensor-parallel-size", pp="--target-pipeline-parallel-size",
-                              ep="--target-expert-parallel-size", vpp="--virtual-pipeline-parallel-size")
+                              ep=None, vpp="--virtual-pipeline-parallel-size", layer_list="--num-layer-list",
+                              first_last=None)
 
 
 def divisors(n: int) -> list[int]:
@@ -89,22 +103,48 @@ def format_choices(values: Sequence[Any], limit: int = 10, near: int | None = No
     return ", ".join(items[:-1]) + " or " + items[-1]
 
 
-def _positive(name: str, value: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ParallelConfigError(f"{name} must be a positive integer, got {value!r}", "size")
+_PARALLEL_KINDS = {"tp": "tensor", "pp": "pipeline", "cp": "context", "ep": "expert", "etp": "expert-tensor",
+                   "expert_tp": "expert-tensor"}
 
 
-def check_sizes(**sizes: int | None) -> None:
-    """Each given size (tp=2, pp=4, ...) is a positive integer."""
+def _size_remedy(name: str, flags: ParallelFlags) -> str:
+    """What to give instead of a size that is not a positive integer."""
+    if name in _PARALLEL_KINDS:
+        flag = getattr(flags, "etp" if name == "expert_tp" else name)
+        if flag is None:  # the converter has no EP flag: it refuses expert-parallel checkpoints
+            return "ascend-patch convert writes EP=1 checkpoints only"
+        return f"use {flag} 1 or more (1 means no {_PARALLEL_KINDS[name]} parallelism)"
+    if name == "dp":
+        return "DP is world / (TP x PP x CP); give a positive DP or leave it out to derive it"
+    if name == "vpp":
+        return f"use {flags.vpp} 2 or more, or leave it out for no virtual pipeline stages"
+    if name == "world_size":
+        return "give the number of ranks launched (1 or more)"
+    if name == "seq_length":
+        return f"use {flags.seq_length} 1 or more"
+    return f"the model config is wrong: fix config.json, or the --{name.replace('_', '-')} flag"
+
+
+def _ep_fix(flags: ParallelFlags, choices: str) -> str:
+    if flags.ep is None:
+        return f"EP {choices} would fit, but ascend-patch convert writes EP=1 checkpoints only"
+    return f"use {flags.ep} {choices}"
+
+
+def check_sizes(flags: ParallelFlags = TRAINING_FLAGS, **sizes: int | None) -> None:
+    """Each given size (tp=2, pp=4, ...) is a positive integer; the error names what to give instead."""
     for name, value in sizes.items():
-        if value is not None:
-            _positive(name.upper(), value)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            shown = ("expert TP" if name in ("etp", "expert_tp") else name.upper()
+                     if name in _PARALLEL_KINDS or name in ("dp", "vpp") else name.replace("_", " "))
+            raise ParallelConfigError(f"{shown} must be a positive integer, got {value!r}; "
+                                      f"{_size_remedy(name, flags)}", "size")
 
 
 def check_world_size(world_size: int, tp: int = 1, pp: int = 1, cp: int = 1, dp: int | None = None,
                      ep: int = 1, etp: int | None = None, flags: ParallelFlags = TRAINING_FLAGS) -> int:
     """World size = TP x PP x CP x DP (DP derived when not given); the expert layout fits too. Returns DP."""
-    check_sizes(world_size=world_size, tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, etp=etp)
+    check_sizes(flags, world_size=world_size, tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, etp=etp)
     model = tp * pp * cp
     if world_size % model:
         lower = (world_size // model) * model
@@ -132,13 +172,13 @@ def check_world_size(world_size: int, tp: int = 1, pp: int = 1, cp: int = 1, dp:
         eps = [e for e in divisors(world_size) if world_size % (expert_tp * e * pp) == 0]
         raise ParallelConfigError(
             f"world size {world_size} is not divisible by expert TP x EP x PP = {expert_tp} x {ep} x {pp} = "
-            f"{expert_model}; use {flags.ep} {format_choices(eps, near=ep)}", "expert-world-size")
+            f"{expert_model}; {_ep_fix(flags, format_choices(eps, near=ep))}", "expert-world-size")
     return derived
 
 
 def check_heads(num_attention_heads: int, tp: int, flags: ParallelFlags = TRAINING_FLAGS) -> int:
     """Attention heads divide evenly over TP ranks. Returns the heads per rank."""
-    check_sizes(num_attention_heads=num_attention_heads, tp=tp)
+    check_sizes(flags, num_attention_heads=num_attention_heads, tp=tp)
     if num_attention_heads % tp:
         raise ParallelConfigError(
             f"{num_attention_heads} attention heads cannot be split over {tp} tensor-parallel ranks; "
@@ -154,7 +194,7 @@ def check_query_groups(num_query_groups: int, tp: int, num_attention_heads: int 
     groups dividing TP, each KV head then replicated on TP / groups ranks. A consumer
     that cannot replicate (a classic checkpoint layout) passes ``allow_replication=False``.
     """
-    check_sizes(num_query_groups=num_query_groups, tp=tp)
+    check_sizes(flags, num_query_groups=num_query_groups, tp=tp)
     if num_attention_heads is not None and num_attention_heads % num_query_groups:
         raise ParallelConfigError(
             f"{num_attention_heads} attention heads cannot form {num_query_groups} query groups "
@@ -179,7 +219,7 @@ def check_query_groups(num_query_groups: int, tp: int, num_attention_heads: int 
 def check_ffn_hidden_size(ffn_hidden_size: int, tp: int, flags: ParallelFlags = TRAINING_FLAGS,
                           what: str = "FFN hidden size") -> int:
     """The MLP's hidden size divides over TP ranks. Returns the size per rank."""
-    check_sizes(ffn_hidden_size=ffn_hidden_size, tp=tp)
+    check_sizes(flags, ffn_hidden_size=ffn_hidden_size, tp=tp)
     if ffn_hidden_size % tp:
         raise ParallelConfigError(
             f"{what} {ffn_hidden_size} cannot be split over {tp} tensor-parallel ranks; "
@@ -195,34 +235,95 @@ def parse_layer_list(value: str | Sequence[int] | None) -> list[int] | None:
         try:
             return [int(v) for v in value.replace(" ", "").split(",") if v != ""]
         except ValueError:
-            raise ParallelConfigError(f"--num-layer-list must be comma-separated integers, got {value!r}",
-                                      "layer-list") from None
+            raise ParallelConfigError(f"--num-layer-list must be comma-separated integers, got {value!r}; "
+                                      "give one count per pipeline stage, e.g. 7,7,7,7", "layer-list") from None
     return [int(v) for v in value]
+
+
+def balanced_layer_list(num_layers: int, pp: int) -> list[int]:
+    """``num_layers`` over ``pp`` stages as evenly as counts allow (earlier stages take the remainder)."""
+    base, extra = divmod(num_layers, pp)
+    return [base + (1 if i < extra else 0) for i in range(pp)]
+
+
+def uneven_split(num_layers: int, pp: int) -> list[int] | None:
+    """The split megatron-core can build from a first and a last stage count: the middle stages
+    even, the largest stage as small as possible (ties: lighter first/last stages, which also hold
+    the embedding and the loss). None when there are fewer layers than stages."""
+    if pp < 2 or num_layers < pp:
+        return None
+    if pp == 2:
+        return [num_layers - num_layers // 2, num_layers // 2]
+    best = None
+    for middle in range(1, num_layers):
+        rest = num_layers - (pp - 2) * middle
+        if rest < 2:
+            break
+        first, last = rest - rest // 2, rest // 2
+        key = (max(middle, first), -middle)
+        if best is None or key < best[0]:
+            best = (key, [first] + [middle] * (pp - 2) + [last])
+    return best[1] if best else None
+
+
+def training_split_flags(stages: Sequence[int], flags: ParallelFlags = TRAINING_FLAGS) -> str:
+    """The training flags that place ``stages`` layers on the pipeline stages ("" for an even split).
+
+    Megatron-LM's first/last-stage flags when the middle stages are even, else its
+    ``--pipeline-model-parallel-layout`` (E = embedding, t*n = n layers, L = loss, | between stages).
+    """
+    stages = list(stages)
+    if len(set(stages)) <= 1:
+        return ""
+    middle = stages[1:-1]
+    if flags.first_last and len(set(middle)) <= 1:
+        first_flag, last_flag = flags.first_last
+        parts = []
+        if not middle or stages[0] != middle[0]:
+            parts.append(f"{first_flag} {stages[0]}")
+        if not middle or stages[-1] != middle[0]:
+            parts.append(f"{last_flag} {stages[-1]}")
+        return " ".join(parts)
+    layout = "|".join(f"t*{n}" for n in stages)
+    return f"--pipeline-model-parallel-layout 'E{layout}L'"
+
+
+def _uneven_remedy(num_layers: int, pp: int, flags: ParallelFlags) -> str:
+    if flags.first_last:
+        split = uneven_split(num_layers, pp)
+        if split is None:
+            return ""
+        return f", or split unevenly: {training_split_flags(split, flags)} gives {','.join(map(str, split))}"
+    return f", or give {flags.layer_list}" if flags.layer_list else ""
 
 
 def check_layers(num_layers: int, pp: int, vpp: int | None = None,
                  num_layer_list: str | Sequence[int] | None = None,
                  flags: ParallelFlags = TRAINING_FLAGS) -> list[int]:
     """Transformer layers over PP stages (and VPP chunks). Returns the layers of each stage."""
-    check_sizes(num_layers=num_layers, pp=pp, vpp=vpp)
+    check_sizes(flags, num_layers=num_layers, pp=pp, vpp=vpp)
     stages = parse_layer_list(num_layer_list)
     if stages is not None:
+        given = f"{flags.layer_list or 'the layer list'} {','.join(map(str, stages))}"
+        example = ",".join(map(str, balanced_layer_list(num_layers, pp))) if num_layers >= pp else None
         if vpp is not None and vpp > 1:
             raise ParallelConfigError(
-                f"{flags.layer_list} cannot be combined with virtual pipeline stages (VPP={vpp}); "
-                f"drop one of them", "layer-list")
+                f"{given} cannot be combined with virtual pipeline stages (VPP={vpp}); drop the list "
+                f"(VPP needs {num_layers} layers divisible by PP x VPP = {pp * vpp}) or drop {flags.vpp}",
+                "layer-list")
         if len(stages) != pp:
             raise ParallelConfigError(
-                f"{flags.layer_list} {','.join(map(str, stages))} has {len(stages)} entries but there are "
-                f"{pp} pipeline stages; give one count per stage", "layer-list")
+                f"{given} has {len(stages)} entries but there are {pp} pipeline stages; give one count per "
+                f"stage" + (f", e.g. {example}" if example else ""), "layer-list")
         if any(n < 1 for n in stages):
             raise ParallelConfigError(
-                f"{flags.layer_list} {','.join(map(str, stages))} gives a stage no layers; every stage "
-                "needs at least 1", "layer-list")
+                f"{given} gives a stage no layers; every stage needs at least 1"
+                + (f", e.g. {example}" if example else f", and {num_layers} layers cannot fill {pp} stages: "
+                   f"use {flags.pp} {format_choices(divisors(num_layers), near=pp)}"), "layer-list")
         if sum(stages) != num_layers:
             raise ParallelConfigError(
-                f"{flags.layer_list} {','.join(map(str, stages))} sums to {sum(stages)} but the model has "
-                f"{num_layers} layers", "layer-list")
+                f"{given} sums to {sum(stages)} but the model has {num_layers} layers; make the counts add up "
+                f"to {num_layers}" + (f", e.g. {example}" if example else ""), "layer-list")
         return stages
     chunks = pp * (vpp or 1)
     if num_layers % chunks:
@@ -235,7 +336,7 @@ def check_layers(num_layers: int, pp: int, vpp: int | None = None,
                 f"= {chunks} chunks; {fix}", "layers")
         raise ParallelConfigError(
             f"{num_layers} layers cannot be split over {pp} pipeline stages; use {flags.pp} "
-            f"{format_choices(divisors(num_layers), near=pp)}, or give {flags.layer_list}", "layers")
+            f"{format_choices(divisors(num_layers), near=pp)}{_uneven_remedy(num_layers, pp, flags)}", "layers")
     return [num_layers // pp] * pp
 
 
@@ -265,7 +366,7 @@ def check_seq_length(seq_length: int, cp: int, tp: int = 1, sequence_parallel: b
 
     Returns the tokens each rank holds in its sequence dimension.
     """
-    check_sizes(seq_length=seq_length, cp=cp, tp=tp)
+    check_sizes(flags, seq_length=seq_length, cp=cp, tp=tp)
     need = 2 * cp if cp > 1 else 1
     if sequence_parallel and tp > 1:
         need = math.lcm(need, cp * tp)
@@ -296,11 +397,11 @@ def check_seq_length(seq_length: int, cp: int, tp: int = 1, sequence_parallel: b
 
 def check_experts(num_experts: int, ep: int, flags: ParallelFlags = TRAINING_FLAGS) -> int:
     """Routed experts divide over EP ranks. Returns the experts per rank."""
-    check_sizes(num_experts=num_experts, ep=ep)
+    check_sizes(flags, num_experts=num_experts, ep=ep)
     if num_experts % ep:
         raise ParallelConfigError(
-            f"{num_experts} experts cannot be split over {ep} expert-parallel ranks; use {flags.ep} "
-            f"{format_choices(divisors(num_experts), near=ep)}", "experts")
+            f"{num_experts} experts cannot be split over {ep} expert-parallel ranks; "
+            f"{_ep_fix(flags, format_choices(divisors(num_experts), near=ep))}", "experts")
     return num_experts // ep
 
 

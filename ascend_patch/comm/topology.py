@@ -90,7 +90,10 @@ def parse_order(order: str, sizes: dict[str, int] | None = None) -> tuple[str, .
             f"(megatron-core's default is {DEFAULT_ORDER!r})", "order")
     repeated = sorted({t for t in tokens if tokens.count(t) > 1})
     if repeated:
-        raise ParallelConfigError(f"rank order {order!r} repeats {', '.join(repeated)}", "order")
+        once = "-".join(dict.fromkeys(tokens))
+        raise ParallelConfigError(
+            f"rank order {order!r} repeats {', '.join(repeated)}; name each dimension once, e.g. {once!r} "
+            f"(megatron-core's default is {DEFAULT_ORDER!r})", "order")
     missing = [d for d in DIMENSIONS if d not in tokens]
     for dim in missing:
         size = (sizes or {}).get(dim, 1)

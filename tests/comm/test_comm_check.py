@@ -95,7 +95,8 @@ def test_model_errors_from_an_hf_config(tmp_path, capsys):
     assert "2 query groups (KV heads) do not fit 3 tensor-parallel ranks" in out
     assert "FFN hidden size 128 cannot be split over 3 tensor-parallel ranks" in out
     assert "28 layers cannot be split over 8 pipeline stages; use --pipeline-model-parallel-size 1, 2, 4, 7, 14 " \
-           "or 28, or give --num-layer-list" in out
+           "or 28, or split unevenly: --decoder-first-pipeline-num-layers 2 --decoder-last-pipeline-num-layers 2 " \
+           "gives 2,4,4,4,4,4,4,2" in out
     code, out = run(capsys, "--world-size", 16, "--tp", 2, "--pp", 8, "--hf-config", config,
                     "--num-layer-list", "4,4,4,4,3,3,3,3")
     assert code == 0, out

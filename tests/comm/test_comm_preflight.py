@@ -16,6 +16,8 @@ from ascend_patch.comm.preflight import (
     check_world_size,
     collect,
     stage_layer_ranges,
+    training_split_flags,
+    uneven_split,
 )
 
 
@@ -33,12 +35,73 @@ def test_layers_over_pipeline_stages():
     assert check_layers(28, 8, num_layer_list="4,4,4,4,3,3,3,3") == [4, 4, 4, 4, 3, 3, 3, 3]
 
 
-def test_layer_list_errors():
-    assert "sums to 27 but the model has 28 layers" in _message(check_layers, 28, 4, num_layer_list="7,7,7,6")
-    assert "has 3 entries but there are 4 pipeline stages" in _message(check_layers, 28, 4, num_layer_list=[10, 9, 9])
-    assert "gives a stage no layers" in _message(check_layers, 28, 4, num_layer_list="14,14,0,0")
-    assert "cannot be combined with virtual pipeline stages (VPP=2)" in _message(
-        check_layers, 28, 4, vpp=2, num_layer_list="7,7,7,7")
+def test_layer_list_errors_name_a_remedy():
+    assert _message(check_layers, 28, 4, num_layer_list="7,7,7,6", flags=CONVERT_FLAGS) == (
+        "--num-layer-list 7,7,7,6 sums to 27 but the model has 28 layers; make the counts add up to 28, "
+        "e.g. 7,7,7,7")
+    assert _message(check_layers, 28, 4, num_layer_list=[10, 9, 9], flags=CONVERT_FLAGS) == (
+        "--num-layer-list 10,9,9 has 3 entries but there are 4 pipeline stages; give one count per stage, "
+        "e.g. 7,7,7,7")
+    assert _message(check_layers, 28, 8, num_layer_list="14,14,0,0,0,0,0,0", flags=CONVERT_FLAGS) == (
+        "--num-layer-list 14,14,0,0,0,0,0,0 gives a stage no layers; every stage needs at least 1, "
+        "e.g. 4,4,4,4,3,3,3,3")
+    assert _message(check_layers, 3, 4, num_layer_list="1,1,1,0") == (
+        "the layer list 1,1,1,0 gives a stage no layers; every stage needs at least 1, and 3 layers cannot "
+        "fill 4 stages: use --pipeline-model-parallel-size 1 or 3")
+    assert _message(check_layers, 28, 4, vpp=2, num_layer_list="7,7,7,7", flags=CONVERT_FLAGS) == (
+        "--num-layer-list 7,7,7,7 cannot be combined with virtual pipeline stages (VPP=2); drop the list "
+        "(VPP needs 28 layers divisible by PP x VPP = 8) or drop --virtual-pipeline-parallel-size")
+    assert _message(check_layers, 28, 4, num_layer_list="7,x") == (
+        "--num-layer-list must be comma-separated integers, got '7,x'; give one count per pipeline stage, "
+        "e.g. 7,7,7,7")
+
+
+def test_loader_side_layer_list_errors_carry_the_remedy():
+    # the converter's preflight (loaders/preflight.py) words its problems through check_layers
+    from ascend_patch.loaders.preflight import check_pipeline_split
+
+    (p,) = check_pipeline_split(8, 2, num_layer_list=[4, 3])
+    assert (p.code, str(p)) == ("layer-list", "--num-layer-list 4,3 sums to 7 but the model has 8 layers; make "
+                                              "the counts add up to 8, e.g. 4,4")
+    (p,) = check_pipeline_split(8, 3, num_layer_list=[4, 4])
+    assert str(p).endswith("give one count per stage, e.g. 3,3,2")
+
+
+def test_training_remedy_names_the_flags_megatron_accepts():
+    # megatron-core 0.16 has no per-stage list: TransformerConfig.num_layers_in_first/last_pipeline_stage
+    # (Megatron-LM --decoder-first/last-pipeline-num-layers) or a pipeline_model_parallel_layout
+    msg = _message(check_layers, 28, 8)
+    assert msg == ("28 layers cannot be split over 8 pipeline stages; use --pipeline-model-parallel-size "
+                   "1, 2, 4, 7, 14 or 28, or split unevenly: --decoder-first-pipeline-num-layers 2 "
+                   "--decoder-last-pipeline-num-layers 2 gives 2,4,4,4,4,4,4,2")
+    assert "--num-layer-list" not in msg
+    assert _message(check_layers, 3, 4) == (
+        "3 layers cannot be split over 4 pipeline stages; use --pipeline-model-parallel-size 1 or 3")
+    assert uneven_split(24, 5) == [5, 5, 5, 5, 4] and uneven_split(7, 2) == [4, 3] and uneven_split(3, 4) is None
+    assert training_split_flags([5, 5, 5, 5, 4]) == "--decoder-last-pipeline-num-layers 4"
+    assert training_split_flags([7, 7, 7, 7]) == ""
+    assert training_split_flags([4, 4, 4, 4, 3, 3, 3, 3]) == (
+        "--pipeline-model-parallel-layout 'Et*4|t*4|t*4|t*4|t*3|t*3|t*3|t*3L'")
+
+
+def test_training_split_flags_build_the_stages_in_megatron_core():
+    import torch
+    from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
+    from megatron.core.transformer.transformer_block import get_num_layers_to_build
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    split = uneven_split(28, 8)
+    flags = training_split_flags(split).split()
+    assert flags[0::2] == ["--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers"]
+    config = TransformerConfig(num_layers=28, hidden_size=64, num_attention_heads=4, pipeline_model_parallel_size=8,
+                               pipeline_dtype=torch.float32, num_layers_in_first_pipeline_stage=int(flags[1]),
+                               num_layers_in_last_pipeline_stage=int(flags[3]))
+    assert [get_num_layers_to_build(config, pp_rank=r) for r in range(8)] == split
+    stages = [4, 4, 4, 4, 3, 3, 3, 3]
+    layout = training_split_flags(stages).split("'")[1]
+    built = PipelineParallelLayerLayout(layout, pipeline_model_parallel_size=8)
+    built.validate_layer_layout(num_layers=28, mtp_num_layers=None)  # raises AssertionError when wrong
+    assert [sum(1 for t in chunk[0] if t.name == "decoder") for chunk in built.layout] == stages
 
 
 def test_layers_over_virtual_stages():
@@ -65,7 +128,19 @@ def test_world_size():
     assert "needs DP = 16 / (2 x 2 x 2) = 2, but DP = 4 was given" in _message(check_world_size, 16, 2, 2, 2, dp=4)
     msg = _message(check_world_size, 8, tp=2, ep=3)
     assert "expert TP x EP x PP = 2 x 3 x 1 = 6" in msg and "--expert-model-parallel-size 1, 2 or 4" in msg
-    assert "TP must be a positive integer, got 0" in _message(check_world_size, 8, tp=0)
+    assert _message(check_world_size, 8, tp=0) == (
+        "TP must be a positive integer, got 0; use --tensor-model-parallel-size 1 or more (1 means no tensor "
+        "parallelism)")
+    assert _message(check_world_size, 8, tp=2, pp=-1, flags=CONVERT_FLAGS) == (
+        "PP must be a positive integer, got -1; use --target-pipeline-parallel-size 1 or more (1 means no "
+        "pipeline parallelism)")
+    assert _message(check_world_size, 8, dp=0).endswith("leave it out to derive it")
+    assert _message(check_layers, 0, 2) == (
+        "num layers must be a positive integer, got 0; the model config is wrong: fix config.json, or the "
+        "--num-layers flag")
+    assert _message(check_layers, 8, 2, vpp=0) == (
+        "VPP must be a positive integer, got 0; use --num-virtual-stages-per-pipeline-rank 2 or more, or leave "
+        "it out for no virtual pipeline stages")
 
 
 def test_heads_query_groups_ffn_experts():

@@ -62,8 +62,14 @@ def test_order_errors_name_the_problem():
         ParallelLayout(tp=2, pp=2, order="tp-dp")
     with pytest.raises(ParallelConfigError, match="names xp; it may use only tp, cp, ep, dp, pp"):
         ParallelLayout(order="tp-xp-dp")
-    with pytest.raises(ParallelConfigError, match="repeats tp"):
+    with pytest.raises(ParallelConfigError) as info:
         ParallelLayout(order="tp-dp-tp")
+    assert str(info.value) == ("rank order 'tp-dp-tp' repeats tp; name each dimension once, e.g. 'tp-dp' "
+                               "(megatron-core's default is 'tp-cp-ep-dp-pp')")
+    with pytest.raises(ParallelConfigError) as info:
+        ParallelLayout(tp=2, expert_tp=0)
+    assert str(info.value) == ("expert TP must be a positive integer, got 0; use --expert-tensor-parallel-size "
+                               "1 or more (1 means no expert-tensor parallelism)")
     with pytest.raises(ParallelConfigError, match=r"expert layout's DP \(1 = world / \(expert-TP x EP x PP\)\) "
                                                   r"must equal the dense DP \(2\)"):
         ParallelLayout(tp=1, pp=2, dp=2, ep=2, order="tp-cp-ep-pp-dp")
