@@ -24,6 +24,7 @@ __all__ = [
     "BackendUnavailable",
     "KernelTable",
     "NPU_KERNEL_NAMES",
+    "NPU_TORCH_KERNEL_NAMES",
     "Selection",
     "UnsupportedOnTarget",
     "cpu_backend",
@@ -40,6 +41,11 @@ NPU_KERNEL_NAMES: tuple[str, ...] = (
     "npu_scaled_masked_softmax",
     "npu_apply_adam_w",
 )
+
+# torch's fused optimizer kernels (aten ops, called as ``torch.<name>``), which torch_npu
+# registers for npu tensors (what ``torch.optim.AdamW(fused=True)`` runs there). Listed in
+# the npu table so the ops' optimizers take them from it (tests inject references).
+NPU_TORCH_KERNEL_NAMES: tuple[str, ...] = ("_fused_adam_", "_fused_adamw_", "_fused_sgd_")
 
 
 class UnsupportedOnTarget(RuntimeError):
@@ -130,7 +136,11 @@ def cpu_backend(reason: str = "asked for") -> Backend:
 
 
 def _npu_kernels(torch_npu: Any) -> KernelTable:
-    return KernelTable({n: getattr(torch_npu, n) for n in NPU_KERNEL_NAMES if hasattr(torch_npu, n)})
+    import torch
+
+    kernels = {n: getattr(torch_npu, n) for n in NPU_KERNEL_NAMES if hasattr(torch_npu, n)}
+    kernels.update({n: getattr(torch, n) for n in NPU_TORCH_KERNEL_NAMES if hasattr(torch, n)})
+    return KernelTable(kernels)
 
 
 def npu_backend(reason: str = "asked for") -> Backend:
