@@ -12,8 +12,10 @@
   fp32 states like TE's.
 
 The update itself is :func:`.multi_tensor.adam_update` / :func:`.multi_tensor.sgd_update`:
-torch's fused Adam kernel (registered by torch for cpu and by torch_npu for npu tensors)
-where it computes apex's update exactly, a foreach fp32 path otherwise.
+torch's fused Adam / SGD kernel where it computes apex's update exactly, a foreach fp32 path
+otherwise. The kernel comes from the backend's kernel table (npu: torch's ops, which torch_npu
+registers for npu tensors), or is torch's own cpu kernel on the cpu target; each class takes
+``backend=`` (the shims bind their target, like the norm modules).
 """
 
 from __future__ import annotations
@@ -63,10 +65,14 @@ def _check_dtype(p: Tensor, cls: str) -> None:
 class ApexFusedAdam(torch.optim.Optimizer):
     """``apex.optimizers.FusedAdam`` (a drop-in for ``torch.optim.AdamW``, or ``Adam`` with ``adam_w_mode=False``)."""
 
+    backend: Any = None  # the shim binds its target here
+
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, bias_correction: bool = True,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, adam_w_mode: bool = True,
                  weight_decay: float = 0.0, amsgrad: bool = False, set_grad_none: bool = True,
-                 capturable: bool = False, master_weights: bool = False) -> None:
+                 capturable: bool = False, master_weights: bool = False, *, backend: Any = None) -> None:
+        if backend is not None:
+            self.backend = backend
         if amsgrad:
             raise RuntimeError("FusedAdam does not support the AMSGrad variant; use torch.optim.Adam(amsgrad=True)")
         if master_weights and not capturable:
@@ -130,7 +136,7 @@ class ApexFusedAdam(torch.optim.Optimizer):
             beta1, beta2 = group["betas"]
             adam_update(g, p, m, v, lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"], step=group["step"],
                         adam_w_mode=bool(self.adam_w_mode), bias_correction=bool(group["bias_correction"]),
-                        weight_decay=group["weight_decay"])
+                        weight_decay=group["weight_decay"], backend=self.backend)
         return loss
 
 
@@ -138,10 +144,14 @@ class ApexFusedSGD(torch.optim.Optimizer):
     """``apex.optimizers.FusedSGD``: torch SGD's update, plus ``wd_after_momentum`` and amp's grad scale."""
 
     _name = "apex.optimizers.FusedSGD"
+    backend: Any = None  # the shim binds its target here
 
     def __init__(self, params: Iterable[Any], lr: Any = required, momentum: float = 0.0, dampening: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False, wd_after_momentum: bool = False,
-                 materialize_master_grads: bool = True, set_grad_none: bool = False) -> None:
+                 materialize_master_grads: bool = True, set_grad_none: bool = False, *,
+                 backend: Any = None) -> None:
+        if backend is not None:
+            self.backend = backend
         if lr is not required and lr < 0.0:
             raise ValueError(f"Invalid learning rate: {lr}")
         if momentum < 0.0:
@@ -203,7 +213,7 @@ class ApexFusedSGD(torch.optim.Optimizer):
                 sgd_update([p.grad for p in params], params, momentums, wd=group["weight_decay"],
                            momentum=group["momentum"], dampening=group["dampening"], lr=group["lr"],
                            nesterov=group["nesterov"], first_run=first_run, wd_after_momentum=self.wd_after_momentum,
-                           scale=1.0 / self.most_recent_scale)
+                           scale=1.0 / self.most_recent_scale, backend=self.backend)
             for p in group["params"]:
                 if p.grad is not None:
                     _check_dtype(p, self._name)
@@ -219,16 +229,19 @@ class TEFusedSGD(ApexFusedSGD):
 
     def __init__(self, params: Iterable[Any], lr: Any = required, momentum: float = 0.0, dampening: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False, *, wd_after_momentum: bool = False,
-                 materialize_master_grads: bool = True, set_grad_none: bool | None = None) -> None:
+                 materialize_master_grads: bool = True, set_grad_none: bool | None = None,
+                 backend: Any = None) -> None:
         if set_grad_none is not None:
             warnings.warn("set_grad_none kwarg in FusedSGD constructor is deprecated. "
                           "Use set_to_none kwarg in zero_grad instead.", DeprecationWarning, stacklevel=2)
         super().__init__(params, lr, momentum, dampening, weight_decay, nesterov, wd_after_momentum,
-                         materialize_master_grads, bool(set_grad_none))
+                         materialize_master_grads, bool(set_grad_none), backend=backend)
 
 
 class TEFusedAdam(torch.optim.Optimizer):
     """``transformer_engine.pytorch.optimizers.FusedAdam`` with fp32 master weights and fp32/bf16 moments."""
+
+    backend: Any = None  # the shim binds its target here
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0, amsgrad: bool = False, *,
@@ -236,7 +249,9 @@ class TEFusedAdam(torch.optim.Optimizer):
                  master_weights: bool = False, master_weight_dtype: torch.dtype = torch.float32,
                  exp_avg_dtype: torch.dtype = torch.float32, exp_avg_sq_dtype: torch.dtype = torch.float32,
                  use_decoupled_grad: bool = False, store_param_remainders: bool = False,
-                 set_grad_none: bool | None = None) -> None:
+                 set_grad_none: bool | None = None, backend: Any = None) -> None:
+        if backend is not None:
+            self.backend = backend
         name = "transformer_engine.pytorch.optimizers.FusedAdam"
         if amsgrad:
             raise RuntimeError("FusedAdam does not support the AMSGrad variant; use torch.optim.Adam(amsgrad=True)")
@@ -381,7 +396,7 @@ class TEFusedAdam(torch.optim.Optimizer):
             beta1, beta2 = group["betas"]
             common = dict(lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"], step=group["step"],
                           adam_w_mode=bool(self.adam_w_mode), bias_correction=bool(group["bias_correction"]),
-                          weight_decay=group["weight_decay"])
+                          weight_decay=group["weight_decay"], backend=self.backend)
             if half[0]:
                 adam_update(*half[:4], masters=half[4] if self.master_weights else None, **common)
             if full[0]:
@@ -408,6 +423,7 @@ def missing_fused_kernels(optimizer: torch.optim.Optimizer) -> list[tuple[str, t
         if key not in _PROBED:
             t = [torch.zeros(1, dtype=dtype, device=device) for _ in range(4)]
             step = [torch.zeros((), dtype=torch.float32, device=device)]
+            # torch's own op, not the kernel table: it is what torch.optim's fused path will call
             fn = torch._fused_adamw_ if adamw else torch._fused_adam_
             try:
                 fn(t[:1], t[1:2], t[2:3], t[3:], [], step, lr=0.0, beta1=0.9, beta2=0.999, weight_decay=0.0,

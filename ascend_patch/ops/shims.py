@@ -135,8 +135,9 @@ class ShimCatalog:
     def apex_optimizers(self) -> dict[str, Any]:
         from . import optim
 
-        return {"FusedAdam": _named(optim.ApexFusedAdam, "FusedAdam", "apex.optimizers.fused_adam"),
-                "FusedSGD": _named(optim.ApexFusedSGD, "FusedSGD", "apex.optimizers.fused_sgd")}
+        bind = {"backend": self.backend}
+        return {"FusedAdam": _named(optim.ApexFusedAdam, "FusedAdam", "apex.optimizers.fused_adam", **bind),
+                "FusedSGD": _named(optim.ApexFusedSGD, "FusedSGD", "apex.optimizers.fused_sgd", **bind)}
 
     @functools.cached_property
     def apex_norm_modules(self) -> dict[str, Any]:
@@ -163,9 +164,12 @@ class ShimCatalog:
     def multi_tensor(self) -> dict[str, Any]:
         from . import multi_tensor as mt
 
-        return {name: getattr(mt, name) for name in (
-            "multi_tensor_scale", "multi_tensor_l2norm", "multi_tensor_adam", "multi_tensor_adam_capturable",
-            "multi_tensor_adam_capturable_master", "multi_tensor_sgd", "multi_tensor_axpby")}
+        # the optimizer steps take torch's fused kernels from the backend; the others need no kernel
+        out = {name: getattr(mt, name) for name in ("multi_tensor_scale", "multi_tensor_l2norm", "multi_tensor_axpby")}
+        for name in ("multi_tensor_adam", "multi_tensor_adam_capturable", "multi_tensor_adam_capturable_master",
+                     "multi_tensor_sgd"):
+            out[name] = _bound(getattr(mt, name), self.backend)
+        return out
 
     @functools.cached_property
     def flash(self) -> dict[str, Any]:
@@ -194,11 +198,13 @@ class ShimCatalog:
         from . import optim
 
         mod = "transformer_engine.pytorch.optimizers"
-        return {"FusedAdam": _named(optim.TEFusedAdam, "FusedAdam", f"{mod}.fused_adam"),
-                "FusedSGD": _named(optim.TEFusedSGD, "FusedSGD", f"{mod}.fused_sgd"),
+        bind = {"backend": self.backend}
+        return {"FusedAdam": _named(optim.TEFusedAdam, "FusedAdam", f"{mod}.fused_adam", **bind),
+                "FusedSGD": _named(optim.TEFusedSGD, "FusedSGD", f"{mod}.fused_sgd", **bind),
                 "MultiTensorApply": mt.TEMultiTensorApply, "multi_tensor_applier": mt.te_multi_tensor_applier,
                 "multi_tensor_scale": mt.multi_tensor_scale, "multi_tensor_l2norm": mt.multi_tensor_l2norm,
-                "multi_tensor_adam": mt.multi_tensor_adam, "multi_tensor_sgd": mt.multi_tensor_sgd}
+                "multi_tensor_adam": self.multi_tensor["multi_tensor_adam"],
+                "multi_tensor_sgd": self.multi_tensor["multi_tensor_sgd"]}
 
     # -- builders: name -> module ------------------------------------------------------------
 

@@ -5,6 +5,11 @@ torch_npu / op-plugin documentation says each kernel computes (argument by argum
 strictly: an argument outside the documented contract raises, so a wrong translation in
 ``ascend_patch.ops`` fails loudly instead of being silently accepted. Tests inject them
 into a backend's kernel table with ``backend.kernels.override(...)``.
+
+``reference_fused_adam`` / ``reference_fused_sgd`` implement torch's fused optimizer ops
+(``torch._fused_adam_``, ``_fused_adamw_``, ``_fused_sgd_``: the schema and the update that
+``torch.optim.Adam/AdamW/SGD(fused=True)`` document and call), which torch_npu registers
+for npu tensors; the npu kernel table carries them under those names.
 """
 
 from __future__ import annotations
@@ -16,6 +21,9 @@ from torch import Tensor
 
 __all__ = [
     "CallLog",
+    "reference_fused_adam",
+    "reference_fused_adamw",
+    "reference_fused_sgd",
     "reference_npu_fusion_attention",
     "reference_npu_rms_norm",
     "reference_npu_rotary_mul",
@@ -215,3 +223,104 @@ def reference_npu_scaled_masked_softmax(x, mask, scale=1.0, fixed_triu_mask=Fals
     torch.broadcast_shapes(mask.shape, x.shape)
     y = (x.double() * scale).masked_fill(mask, -10000.0)
     return torch.softmax(y, -1).to(x.dtype)
+
+
+def _same_group(name: str, *lists) -> None:
+    first = lists[0]
+    if not first or any(len(ts) != len(first) for ts in lists):
+        raise ValueError(f"{name}: the tensor lists must be non-empty and of one length, got {[len(t) for t in lists]}")
+    for ts in zip(*lists):
+        if len({t.dtype for t in ts}) != 1 or len({t.device for t in ts}) != 1:
+            raise TypeError(f"{name}: a param, its grad and its states must share dtype and device, got "
+                            f"{[(t.dtype, str(t.device)) for t in ts]}")
+
+
+def _unscaled(name, grads, grad_scale, found_inf):
+    """Documented for the fused optimizers: grads are divided by grad_scale; a set found_inf skips the step."""
+    for t, what in ((grad_scale, "grad_scale"), (found_inf, "found_inf")):
+        if t is not None and (not torch.is_tensor(t) or t.numel() != 1):
+            raise TypeError(f"{name}: {what} must be a one-element tensor or None")
+    if found_inf is not None and float(found_inf) != 0.0:
+        return None
+    if grad_scale is None:
+        return [g.double() for g in grads]
+    with torch.no_grad():  # torch's kernels write the unscaled gradients back
+        for g in grads:
+            g.div_(grad_scale.to(g.dtype))
+    return [g.double() for g in grads]
+
+
+def _reference_adam(decoupled, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *, lr, beta1,
+                    beta2, weight_decay, eps, amsgrad, maximize, grad_scale=None, found_inf=None):
+    name = "_fused_adamw_" if decoupled else "_fused_adam_"
+    if amsgrad:
+        raise ValueError(f"{name}: this reference covers amsgrad=False (max_exp_avg_sqs must then be empty)")
+    if list(max_exp_avg_sqs):
+        raise ValueError(f"{name}: max_exp_avg_sqs must be empty when amsgrad=False")
+    _same_group(name, params, grads, exp_avgs, exp_avg_sqs)
+    if len(state_steps) != len(params) or not all(torch.is_tensor(s) and s.numel() == 1 for s in state_steps):
+        raise TypeError(f"{name}: state_steps is one 1-element tensor per param (already incremented by the caller)")
+    lr = float(lr)
+    gs = _unscaled(name, grads, grad_scale, found_inf)
+    if gs is None:
+        return
+    for p, g, m, v, s in zip(params, gs, exp_avgs, exp_avg_sqs, state_steps):
+        step = float(s)
+        if step < 1:
+            raise ValueError(f"{name}: the step count must be >= 1 when the kernel runs, got {step}")
+        w = p.double()
+        if maximize:
+            g = -g
+        if decoupled:
+            w = w * (1 - lr * weight_decay)
+        elif weight_decay:
+            g = g + weight_decay * w
+        m64 = m.double() * beta1 + (1 - beta1) * g
+        v64 = v.double() * beta2 + (1 - beta2) * g * g
+        bc1, bc2 = 1 - beta1 ** step, 1 - beta2 ** step
+        w = w - (lr / bc1) * m64 / (v64.sqrt() / math.sqrt(bc2) + eps)
+        with torch.no_grad():
+            p.copy_(w)
+            m.copy_(m64)
+            v.copy_(v64)
+
+
+def reference_fused_adam(*args, **kwargs):
+    """REFERENCE torch._fused_adam_: Adam with L2 decay (decay added to the gradient), always bias-corrected."""
+    _reference_adam(False, *args, **kwargs)
+
+
+def reference_fused_adamw(*args, **kwargs):
+    """REFERENCE torch._fused_adamw_: decoupled decay (param *= 1 - lr * weight_decay), always bias-corrected."""
+    _reference_adam(True, *args, **kwargs)
+
+
+def reference_fused_sgd(params, grads, momentum_buffer_list, *, weight_decay, momentum, lr, dampening, nesterov,
+                        maximize, is_first_step, grad_scale=None, found_inf=None):
+    """REFERENCE torch._fused_sgd_: decay before momentum; the first step's buffer is the gradient itself."""
+    name = "_fused_sgd_"
+    if momentum:
+        _same_group(name, params, grads, momentum_buffer_list)
+    else:
+        if list(momentum_buffer_list):
+            raise ValueError(f"{name}: momentum_buffer_list must be empty when momentum=0")
+        _same_group(name, params, grads)
+    if nesterov and (momentum <= 0 or dampening != 0):
+        raise ValueError(f"{name}: nesterov needs momentum > 0 and dampening 0")
+    gs = _unscaled(name, grads, grad_scale, found_inf)
+    if gs is None:
+        return
+    bufs = list(momentum_buffer_list) if momentum else [None] * len(params)
+    for p, g, buf in zip(params, gs, bufs):
+        w = p.double()
+        if maximize:
+            g = -g
+        if weight_decay:
+            g = g + weight_decay * w
+        if momentum:
+            b = g.clone() if is_first_step else momentum * buf.double() + (1 - dampening) * g
+            with torch.no_grad():
+                buf.copy_(b)
+            g = g + momentum * b if nesterov else b
+        with torch.no_grad():
+            p.copy_(w - float(lr) * g)

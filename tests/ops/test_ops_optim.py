@@ -1,4 +1,4 @@
-"""apex / Transformer Engine fused optimizers against textbook Adam/AdamW/SGD written here, 10 steps."""
+"""apex / Transformer Engine fused optimizers against textbook Adam/AdamW/SGD (tests/ops/textbook.py), 10 steps."""
 
 from __future__ import annotations
 
@@ -9,49 +9,9 @@ import pytest
 import torch
 
 from ascend_patch.ops import optim as O
+from textbook import textbook_adam, textbook_sgd
 
 STEPS = 10
-
-
-def textbook_adam(params, grads, *, lr, betas, eps, wd, decoupled, bias_correction=True, store=None):
-    """Adam (L2 decay) / AdamW (decoupled decay) in float64; ``store`` rounds the params after each step."""
-    b1, b2 = betas
-    p = [t.double().clone() for t in params]
-    m = [torch.zeros_like(t) for t in p]
-    v = [torch.zeros_like(t) for t in p]
-    for step, gs in enumerate(grads, start=1):
-        for i, g in enumerate(gs):
-            g = g.double()
-            if not decoupled and wd:
-                g = g + wd * p[i]
-            m[i] = b1 * m[i] + (1 - b1) * g
-            v[i] = b2 * v[i] + (1 - b2) * g * g
-            mh = m[i] / (1 - b1 ** step) if bias_correction else m[i]
-            vh = v[i] / (1 - b2 ** step) if bias_correction else v[i]
-            update = mh / (vh.sqrt() + eps)
-            if decoupled and wd:
-                update = update + wd * p[i]
-            p[i] = p[i] - lr * update
-            if store is not None:
-                p[i] = p[i].to(store).double()
-    return p, m, v
-
-
-def textbook_sgd(params, grads, *, lr, momentum, dampening, wd, nesterov, wd_after_momentum=False):
-    p = [t.double().clone() for t in params]
-    buf = [None] * len(p)
-    for gs in grads:
-        for i, g in enumerate(gs):
-            d = g.double()
-            if wd and not wd_after_momentum:
-                d = d + wd * p[i]
-            if momentum:
-                buf[i] = d.clone() if buf[i] is None else momentum * buf[i] + (1 - dampening) * d
-                d = d + momentum * buf[i] if nesterov else buf[i]
-            if wd and wd_after_momentum:
-                d = d + wd * p[i]
-            p[i] = p[i] - lr * d
-    return p
 
 
 def make(dtype=torch.float32, shapes=((5, 7), (13,), (3, 2, 4))):
@@ -281,3 +241,51 @@ def test_the_fused_fallback_patch_is_registered_for_npu_only():
     plugin.ascend_patch_register_patches(registry=reg, backend=types.SimpleNamespace(name="npu", kernels=None))
     (patch,) = [p for p in reg.patches if p.target == "torch.optim:Adam.__init__"]
     assert patch.backends == frozenset({"npu"}) and patch.wrapper is O.fused_optimizer_fallback
+
+
+def test_te_fused_adam_refuses_amsgrad():
+    with pytest.raises(RuntimeError, match="does not support the AMSGrad variant.*torch.optim.Adam\\(amsgrad=True\\)"):
+        O.TEFusedAdam([torch.nn.Parameter(torch.ones(2))], amsgrad=True)
+
+
+@pytest.mark.parametrize("momentum,dampening,nesterov,wd_after", [
+    (0.9, 0.0, False, False), (0.9, 0.1, False, True), (0.9, 0.0, True, False)])
+def test_te_fused_sgd_matches_textbook(momentum, dampening, nesterov, wd_after):
+    params, grads = make()
+    opt = O.TEFusedSGD(params, lr=0.05, momentum=momentum, dampening=dampening, weight_decay=0.01,
+                       nesterov=nesterov, wd_after_momentum=wd_after)
+    run(opt, params, grads)
+    ref = textbook_sgd([p.detach() for p in make()[0]], grads, lr=0.05, momentum=momentum, dampening=dampening,
+                       wd=0.01, nesterov=nesterov, wd_after_momentum=wd_after)
+    for p, rp in zip(params, ref):
+        torch.testing.assert_close(p.detach().double(), rp, atol=1e-6, rtol=1e-5)
+    with pytest.warns(DeprecationWarning, match="set_grad_none kwarg in FusedSGD constructor is deprecated"):
+        O.TEFusedSGD(params, lr=0.1, set_grad_none=True)
+    with pytest.raises(TypeError):
+        O.TEFusedSGD(params, 0.1, 0.9, 0.0, 0.0, False, True)  # TE's extras are keyword-only
+
+
+@pytest.mark.parametrize("cls", [O.ApexFusedAdam, O.ApexFusedSGD])
+@pytest.mark.parametrize("set_grad_none", [True, False])
+def test_apex_zero_grad_follows_set_grad_none(monkeypatch, cls, set_grad_none):
+    """apex: set_grad_none sets grads to None itself; False hands over to torch's zero_grad() (its defaults)."""
+    calls = []
+    torch_zero_grad = torch.optim.Optimizer.zero_grad
+
+    def spy(self, *args, **kwargs):
+        calls.append((args, kwargs))
+        return torch_zero_grad(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.Optimizer, "zero_grad", spy)
+    p = [torch.nn.Parameter(torch.ones(3))]
+    opt = cls(p, lr=0.1, set_grad_none=set_grad_none)
+    p[0].grad = torch.ones(3)
+    opt.zero_grad()
+    if set_grad_none:
+        assert calls == [] and p[0].grad is None
+    else:
+        assert calls == [((), {})]  # apex calls super().zero_grad() with torch's defaults (set_to_none=True)
+        assert p[0].grad is None
+    p[0].grad = torch.ones(3)
+    opt.zero_grad(set_to_none=False)  # an explicit argument always reaches torch
+    assert torch.equal(p[0].grad, torch.zeros(3))
