@@ -55,6 +55,39 @@ def test_fp8_input_store_and_offload_tags(seeded):
     torch.testing.assert_close(dx.double(), want, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("fp8_input_store", [False, True])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_cpu_offload_input_tags_the_saved_input(seeded, fp8_input_store, with_bias):
+    """megatron's activation offloading packs the saved tensors tagged ``activation_offloading``: the input kept
+    for backward (as megatron keeps it: fp8 copy or the input) must carry the tag, not only the bias."""
+    x = torch.randn(4, 16, requires_grad=True)
+    bias = torch.randn(16, requires_grad=True) if with_bias else None
+    packed = []
+
+    def pack(t):
+        packed.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = W.megatron_bias_swiglu_impl(None)(x, bias, fp8_input_store, True)
+    tagged = [t for t in packed if getattr(t, "activation_offloading", False)]
+    inputs = [t for t in tagged if t.shape == x.shape]
+    assert len(inputs) == 1
+    saved = inputs[0]
+    if fp8_input_store:
+        assert saved.dtype == torch.float8_e4m3fn and torch.equal(saved, x.detach().to(torch.float8_e4m3fn))
+    else:  # the input, or input + bias (what backward needs; megatron saves the input and the bias)
+        torch.testing.assert_close(saved, (x + bias if with_bias else x).detach(), atol=0, rtol=0)
+    if with_bias:
+        assert bias.activation_offloading is True
+    plain = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: plain.append(t) or t, lambda t: t):
+        W.megatron_bias_swiglu_impl(None)(torch.randn(4, 16, requires_grad=True), None, fp8_input_store, False)
+    assert plain and not any(getattr(t, "activation_offloading", False) for t in plain)
+    out.sum().backward()
+    assert x.grad is not None
+
+
 def test_bias_gelu_impl_is_megatrons_tanh_gelu(seeded):
     impl = W.megatron_bias_gelu_impl(None)
     x, bias = torch.randn(5, 12, requires_grad=True), torch.randn(12, requires_grad=True)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from ascend_patch.ops import multi_tensor as MT
+from textbook import textbook_adam
 
 
 def flag():
@@ -102,6 +103,27 @@ def test_copy_at_scale_one_copies_exactly_and_flags_any_bad_input(bad, in_dtype,
     assert torch.equal(outs[-2].view(-1)[-1:].isnan(), torch.tensor([math.isnan(bad)]))
 
 
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+@pytest.mark.parametrize("in_dtype,out_dtype", [
+    (torch.float32, torch.float32), (torch.bfloat16, torch.float32), (torch.float32, torch.bfloat16),
+    (torch.float16, torch.float16)])
+def test_scale_out_of_place_flags_a_bad_input(bad, in_dtype, out_dtype):
+    """scale != 1 into separate outputs (same, wider and narrower dtypes): an inf/nan input sets the flag."""
+    ins = tensors(in_dtype)
+    ins[1][40] = bad
+    outs = [torch.empty_like(t, dtype=out_dtype) for t in ins]
+    noop = flag()
+    MT.multi_tensor_scale(2048, noop, [ins, outs], 0.5)
+    assert noop.item() == 1
+    for i, o in zip(ins, outs):  # the finite values are still scaled (apex writes them too)
+        finite = torch.isfinite(i)
+        torch.testing.assert_close(o[finite], (i[finite].float() * 0.5).to(out_dtype), atol=0, rtol=0)
+    clean = tensors(in_dtype)
+    noop = flag()
+    MT.multi_tensor_scale(2048, noop, [clean, [torch.empty_like(t, dtype=out_dtype) for t in clean]], 2.0)
+    assert noop.item() == 0
+
+
 def test_copy_at_scale_one_of_integer_tensors():
     ins = [torch.arange(10, dtype=torch.int64), torch.arange(4, dtype=torch.int64)]
     outs = [torch.empty(10, dtype=torch.int64), torch.empty(4, dtype=torch.int64)]
@@ -151,6 +173,26 @@ def test_multi_tensor_adam_equals_fused_adam_and_ignores_the_flag():
                                 step, 1, 1, 0.1)
     for a, b in zip(p1, p2):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("mode", [0, 1])
+@pytest.mark.parametrize("bias_correction", [0, 1])
+def test_multi_tensor_adam_matches_textbook_adam(mode, bias_correction):
+    """amp_C.multi_tensor_adam over 10 steps with weight decay (mode 1 = AdamW, 0 = L2) against the textbook."""
+    torch.manual_seed(0)
+    shapes = ((4, 4), (9,), (2, 3, 5))
+    start = [torch.randn(*s) for s in shapes]
+    grads = [[torch.randn(*s) for s in shapes] for _ in range(10)]
+    p = [t.clone() for t in start]
+    m = [torch.zeros_like(t) for t in p]
+    v = [torch.zeros_like(t) for t in p]
+    for step, g in enumerate(grads, start=1):
+        MT.multi_tensor_applier(MT.multi_tensor_adam, flag(), [g, p, m, v], 1e-2, 0.9, 0.99, 1e-8, step, mode,
+                                bias_correction, 0.05)
+    ref_p, ref_m, ref_v = textbook_adam(start, grads, lr=1e-2, betas=(0.9, 0.99), eps=1e-8, wd=0.05,
+                                        decoupled=bool(mode), bias_correction=bool(bias_correction))
+    for got, want in zip(p + m + v, ref_p + ref_m + ref_v):
+        torch.testing.assert_close(got.double(), want, atol=2e-6, rtol=1e-5)
 
 
 def test_capturable_adam_unscales_reads_tensors_and_skips_on_the_flag():
