@@ -37,7 +37,8 @@ VARIABLES: tuple[_Var, ...] = (
          "target: npu (torch_npu, hccl), cpu (gloo, pure-torch kernels); auto picks npu when "
          "torch_npu imports and sees a device, else cpu, and patches nothing on a CUDA machine."),
     _Var("ASCEND_PATCH_STRICT", "strict", ("0", "1"), "0",
-         "1 makes a skipped patch (missing target, package version out of range) an error."),
+         "1 makes a skipped patch (missing target, package version out of range) or a failed "
+         "plugin an error."),
     _Var("ASCEND_PATCH_REPORT", "report", ("0", "1", "all"), "0",
          "1 prints the migration report at exit on rank 0; all prints it on every rank."),
     _Var("ASCEND_PATCH_CUDA_IS_AVAILABLE", "cuda_is_available", ("0", "1"), "1",

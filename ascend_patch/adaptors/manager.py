@@ -8,7 +8,8 @@
 * By-value copies of an original (``from torch.cuda import current_device`` made
   before patching) are re-bound in every imported module, and the status says where.
 * A missing target or a package version out of range is recorded as skipped with
-  the reason (fatal with ``ASCEND_PATCH_STRICT=1``); two patches claiming one target
+  the reason, a plugin whose hook raises is reported and the others still apply (both
+  fatal with ``ASCEND_PATCH_STRICT=1``); two patches claiming one target
   raise :class:`PatchConflict` naming both.
 """
 
@@ -244,7 +245,12 @@ class PatchManager:
                 return self
             self.recorder = usage.UsageRecorder() if settings.report_enabled else None
             usage.set_recorder(self.recorder)
-            patches = self._collect(self.backend)
+            try:
+                patches = self._collect(self.backend)
+            except Exception:
+                usage.set_recorder(None)
+                self.recorder, self.backend = None, None
+                raise
             self.active = True
             self.generation += 1
             self.statuses = [PatchStatus(p, "pending") for p in patches]
@@ -277,7 +283,12 @@ class PatchManager:
         for _ in pm.call_each("ascend_patch_register_patches", on_plugin=set_owner,
                               registry=registry, backend=backend):
             pass
-        self.plugin_failures = [str(f) for f in pm.failures]
+        # plugins that failed to load, and hooks that failed in this apply (not an earlier one's)
+        failures = [f for f in pm.failures[:start] if f.stage == "load"] + pm.failures[start:]
+        self.plugin_failures = [str(f) for f in failures]
+        if failures and self.settings is not None and self.settings.strict:
+            raise PatchError("; ".join(self.plugin_failures) + " (ASCEND_PATCH_STRICT=1 makes a plugin "
+                             "failure fatal; without it the other plugins' patches apply)")
         for failure in pm.failures[start:]:
             warnings.warn(f"ascend_patch: {failure}", stacklevel=4)
         if registry.conflicts:

@@ -233,6 +233,25 @@ def test_broken_plugin_does_not_stop_the_others(isolated, target):
     assert any("boom" in f for f in report.plugin_failures)
 
 
+def test_strict_makes_a_plugin_failure_fatal(isolated, target):
+    class Broken:
+        @hookimpl
+        def ascend_patch_register_patches(self, registry, backend):
+            raise RuntimeError("boom")
+
+    plugins.get_plugin_manager().register(Broken(), "broken", origin="brokendist")
+    isolated("good", Patch("ap_target:f", PatchKind.REPLACE, "test", replacement=lambda x: "good"))
+    with pytest.raises(PatchError, match="plugin 'broken' \\(distribution brokendist\\).*boom.*ASCEND_PATCH_STRICT=1"):
+        apply_cpu(strict=True)
+    assert not manager.active and manager.backend is None
+    assert target.f(0) == ("original", 0)  # nothing was applied
+    with pytest.warns(UserWarning, match="boom"):  # without strict: a warning, reported once
+        report = apply_cpu()
+    assert [f for f in report.plugin_failures if "boom" in f] == [
+        "plugin 'broken' (distribution brokendist) failed in ascend_patch_register_patches: RuntimeError: boom"]
+    assert target.f(0) == "good"
+
+
 def test_backend_filter(isolated, target):
     isolated("t", Patch("ap_target:f", PatchKind.REPLACE, "npu only", replacement=1, backends=frozenset({"npu"})))
     report = apply_cpu()
