@@ -5,8 +5,9 @@ parallel sizes (Megatron's flag names), optionally the model (``--hf-config``, o
 ``--num-layers`` / ``--num-attention-heads`` / ...) and a Megatron checkpoint
 (``--load``), it prints who holds which TP/CP/EP/DP/PP coordinate and everything that
 would fail after launch: sizes that do not fit the world or the model, and a
-checkpoint saved with other TP/PP (with the ``ascend-patch convert`` command that
-re-shards it). Exit status 1 when there are errors.
+checkpoint saved with other TP/PP/EP/VPP (with the ``ascend-patch convert`` command that
+re-shards it, or, for expert-parallel checkpoints the converter refuses, what to do
+instead; see :mod:`.checkpoint_check`). Exit status 1 when there are errors.
 """
 
 from __future__ import annotations
@@ -19,6 +20,12 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from .checkpoint_check import (
+    LaunchLayout,
+    checkpoint_findings,
+    convert_command,
+    resharded_dir,
+)
 from .checkpoint_probe import CheckpointLayout, probe_checkpoint
 from .preflight import (
     TRAINING_FLAGS,
@@ -33,6 +40,8 @@ from .preflight import (
     divisors,
     format_choices,
     parse_layer_list,
+    stages_from_first_last,
+    training_split_flags,
 )
 from .topology import DEFAULT_ORDER, ParallelLayout, RankRow
 
@@ -104,77 +113,6 @@ def _model_from_args(args: dict[str, Any], source: str) -> ModelDims | None:
     return dims if known else None
 
 
-def resharded_dir(load_dir: str, tp: int, pp: int) -> str:
-    """Where :func:`convert_command` writes the re-sharded checkpoint."""
-    return f"{load_dir.rstrip('/')}_tp{tp}_pp{pp}"
-
-
-def convert_command(load_dir: str, tp: int, pp: int, ep: int | None = None,
-                    num_layer_list: list[int] | None = None) -> str:
-    """The ``ascend-patch convert`` command that re-shards a Megatron checkpoint to TP/PP(/EP)."""
-    save_dir = resharded_dir(load_dir, tp, pp)
-    parts = ["ascend-patch", "convert", "--load-model-type", "mg", "--save-model-type", "mg",
-             "--load-dir", load_dir, "--save-dir", save_dir,
-             "--target-tensor-parallel-size", str(tp), "--target-pipeline-parallel-size", str(pp)]
-    if ep is not None:
-        parts += ["--target-expert-parallel-size", str(ep)]
-    if num_layer_list:
-        parts += ["--num-layer-list", ",".join(map(str, num_layer_list))]
-    return " ".join(shlex.quote(p) for p in parts)
-
-
-def _saved_stages(ckpt: CheckpointLayout, num_layers: int | None) -> list[int] | None:
-    listed = parse_layer_list(ckpt.args.get("num_layer_list"))
-    if listed:
-        return listed
-    if num_layers and ckpt.pp and num_layers % ckpt.pp == 0 and not ckpt.args.get("decoder_first_pipeline_num_layers"):
-        return [num_layers // ckpt.pp] * ckpt.pp
-    return None
-
-
-def _check_checkpoint(report: CheckReport, layout: ParallelLayout, launch_stages: list[int] | None,
-                      num_layer_list: list[int] | None) -> None:
-    ckpt = report.checkpoint
-    assert ckpt is not None
-    report.errors.extend(ckpt.problems)
-    report.notes.extend(ckpt.notes)
-    if ckpt.format == "unknown":
-        return
-    if ckpt.reshardable:
-        report.notes.append(f"{ckpt.path} is a torch_dist checkpoint: megatron-core re-shards it on load, "
-                            "so its TP/PP need not match the launch")
-        return
-    differs = [(name, saved, now) for name, saved, now in (("TP", ckpt.tp, layout.tp), ("PP", ckpt.pp, layout.pp),
-                                                           ("EP", ckpt.ep, layout.ep)) if saved is not None and saved != now]
-    saved_stages = _saved_stages(ckpt, report.model.num_layers if report.model else None)
-    stage_mismatch = (not differs and launch_stages is not None and saved_stages is not None
-                      and saved_stages != launch_stages)
-    if not differs and not stage_mismatch:
-        return
-    command = convert_command(ckpt.path, layout.tp, layout.pp, layout.ep if ckpt.ep != layout.ep else None,
-                              num_layer_list)
-    if differs:
-        what = " and ".join(f"{n}={s}" for n, s, _ in differs)
-        now = " and ".join(f"{n}={v}" for n, _, v in differs)
-        wanted = _rank_folder(0, 0, 0, layout.pp, layout.ep)
-        first = _rank_folder(0, 0, 0, ckpt.pp or 1, ckpt.ep or 1)
-        last = _rank_folder((ckpt.tp or 1) - 1, (ckpt.pp or 1) - 1, (ckpt.ep or 1) - 1, ckpt.pp or 1, ckpt.ep or 1)
-        report.errors.append(
-            f"this checkpoint was saved with {what} but you are launching {now}: the torch format cannot be "
-            f"re-sharded on load (rank 0 would look for {wanted}/, the checkpoint has {first}/ .. {last}/). "
-            f"Re-shard it first:\n"
-            f"      {command}\n    then launch with --load {shlex.quote(resharded_dir(ckpt.path, layout.tp, layout.pp))}")
-    else:
-        report.errors.append(
-            f"this checkpoint places layers {','.join(map(str, saved_stages or []))} on its {ckpt.pp} pipeline "
-            f"stages but the launch places {','.join(map(str, launch_stages or []))}; re-shard it first:\n"
-            f"      {command}")
-
-
-def _rank_folder(tp_rank: int, pp_rank: int, ep_rank: int, pp: int, ep: int) -> str:
-    return f"mp_rank_{tp_rank:02d}" + (f"_{pp_rank:03d}" if pp > 1 else "") + (f"_{ep_rank:03d}" if ep > 1 else "")
-
-
 def _node_warnings(report: CheckReport, layout: ParallelLayout) -> None:
     per_node = report.nproc_per_node
     if not per_node or per_node >= layout.world_size:
@@ -195,12 +133,14 @@ def preflight(world_size: int | None = None, nnodes: int | None = None, nproc_pe
               order: str = DEFAULT_ORDER, num_layer_list: str | list[int] | None = None, vpp: int | None = None,
               seq_length: int | None = None, sequence_parallel: bool = False, hf_config: str | None = None,
               model: ModelDims | None = None, load: str | None = None, trust_checkpoint: bool = False,
-              target: str = "npu", megatron_args: Sequence[str] | None = None) -> CheckReport:
+              target: str = "npu", megatron_args: Sequence[str] | None = None,
+              first_stage_layers: int | None = None, last_stage_layers: int | None = None) -> CheckReport:
     """Everything ``ascend-patch check`` reports, as data.
 
     With ``hf_config``, model sizes given on the command line (``model``) and the flags of a
     Megatron command line (``megatron_args``) are checked against config.json: each that
-    disagrees is an error.
+    disagrees is an error. An uneven pipeline split is given as ``num_layer_list`` or, as
+    Megatron-LM takes it, ``first_stage_layers`` / ``last_stage_layers``.
     """
     report = CheckReport(None, nproc_per_node, None, None, None)
     if nnodes is not None and nproc_per_node is not None:
@@ -277,19 +217,31 @@ def preflight(world_size: int | None = None, nnodes: int | None = None, nproc_pe
             report.notes.append(_joint_tp_sizes(m, world_size, pp, cp))
         if m.num_layers:
             try:
+                if first_stage_layers is not None or last_stage_layers is not None:
+                    if layer_list is not None:
+                        raise ParallelConfigError("give the uneven split once: --num-layer-list, or "
+                                                  "--decoder-first/last-pipeline-num-layers", "layer-list")
+                    layer_list = stages_from_first_last(m.num_layers, pp, first_stage_layers, last_stage_layers)
                 stages = check_layers(m.num_layers, pp, vpp, layer_list, flags=CHECK_FLAGS)
+                if layer_list is not None and (flags := training_split_flags(stages)):
+                    report.notes.append(f"layers per pipeline stage {','.join(map(str, stages))}: megatron-core "
+                                        f"builds them with {flags}")
             except ParallelConfigError as exc:
                 report.errors.append(str(exc))
-    elif layer_list is not None:
-        report.notes.append("--num-layer-list not checked: the number of layers is unknown (give --hf-config "
-                            "or --num-layers)")
+    elif layer_list is not None or first_stage_layers is not None or last_stage_layers is not None:
+        report.notes.append("the uneven pipeline split was not checked: the number of layers is unknown (give "
+                            "--hf-config or --num-layers)")
     if seq_length is not None:
         report.errors.extend(str(e) for e in collect(
             lambda: check_seq_length(seq_length, cp, tp, sequence_parallel)))
     if layout is not None:
         _node_warnings(report, layout)
         if report.checkpoint is not None:
-            _check_checkpoint(report, layout, stages, layer_list)
+            launch = LaunchLayout(layout.tp, layout.pp, layout.ep, vpp or 1, tuple(stages) if stages else None,
+                                  tuple(layer_list) if layer_list else None, m.num_layers if m else None)
+            errors, notes = checkpoint_findings(report.checkpoint, launch)
+            report.errors.extend(errors)
+            report.notes.extend(notes)
     elif report.checkpoint is not None:
         report.errors.extend(report.checkpoint.problems)
     from .env import nccl_environment
@@ -342,7 +294,8 @@ def format_report(report: CheckReport, max_rows: int = 64) -> str:
         out.append(f"model ({m.source}): {known}")
     c = report.checkpoint
     if c is not None and c.format != "unknown":
-        out.append(f"checkpoint {c.path}: {c.format} format, iteration {c.iteration}, saved TP={c.tp} PP={c.pp} EP={c.ep}")
+        out.append(f"checkpoint {c.path}: {c.format} format, iteration {c.iteration}, saved TP={c.tp} PP={c.pp} "
+                   f"EP={c.ep}" + (f" VPP={c.vpp}" if (c.vpp or 1) > 1 else ""))
     if report.layout is not None:
         out += ["", _table(report.rows, report.layout.ep > 1 or report.layout.etp != report.layout.tp, max_rows), ""]
         out += ["groups:"] + _groups_summary(report.layout)
@@ -378,7 +331,8 @@ def _run(args: argparse.Namespace) -> int:
     report = preflight(args.world_size, args.nnodes, args.nproc_per_node, args.tp, args.pp, args.cp, args.ep,
                        args.etp, order, args.num_layer_list, args.vpp, args.seq_length, args.sequence_parallel,
                        args.hf_config, model if given else None, args.load, args.trust_checkpoint, args.device,
-                       shlex.split(args.megatron_args) if args.megatron_args else None)
+                       shlex.split(args.megatron_args) if args.megatron_args else None,
+                       args.first_stage_layers, args.last_stage_layers)
     print(_json(report) if args.json else format_report(report, args.max_rows))
     return 1 if report.errors else 0
 
@@ -398,6 +352,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     par.add_argument("--expert-model-parallel-size", "--ep", type=int, default=1, dest="ep")
     par.add_argument("--expert-tensor-parallel-size", type=int, dest="etp")
     par.add_argument("--num-layer-list", help="layers per pipeline stage, e.g. 7,7,7,7")
+    par.add_argument("--decoder-first-pipeline-num-layers", type=int, dest="first_stage_layers",
+                     help="layers on the first pipeline stage (Megatron-LM's uneven split)")
+    par.add_argument("--decoder-last-pipeline-num-layers", type=int, dest="last_stage_layers",
+                     help="layers on the last pipeline stage (Megatron-LM's uneven split)")
     par.add_argument("--num-virtual-stages-per-pipeline-rank", type=int, dest="vpp")
     par.add_argument("--seq-length", type=int)
     par.add_argument("--sequence-parallel", action="store_true")

@@ -7,9 +7,13 @@ iteration or ``release``) and ``<dir>/iter_XXXXXXX/mp_rank_TT[_PPP][_EEE]/`` fol
 read as PP. The ``torch_dist`` format (``.metadata`` / ``metadata.json`` in the
 iteration folder) is re-sharded on load and has no per-rank folders.
 
-``args`` is read from the first rank file with ``torch.load(weights_only=True)`` and
-only ``argparse.Namespace`` allowed; a file that needs full unpickling is read only
-with ``trust=True`` (it runs the file's pickle code).
+``args`` is read from the first rank file by the converter's safe reader
+(:func:`ascend_patch.loaders.torch_io.safe_load`: weights-only unpickling, tensors on the
+meta device, inert stand-ins for Megatron's own classes such as the ``AttnBackend`` enum
+in Megatron-LM's ``args``), so a process without Megatron reads real Megatron-LM
+checkpoints. A file that needs any other global is read only with ``trust=True`` (full
+unpickling runs the file's pickle code). The same file says whether it was saved with
+virtual pipeline stages: ``model0``, ``model1``, ... (one per chunk) instead of ``model``.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ class CheckpointLayout:
     tp: int | None = None
     pp: int | None = None
     ep: int | None = None
+    vpp: int | None = None  # model chunks per pipeline rank (1: no virtual pipeline)
     args: dict[str, Any] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)  # the checkpoint itself is broken
     notes: list[str] = field(default_factory=list)
@@ -81,39 +86,75 @@ def _read_iteration(path: str, layout: CheckpointLayout) -> str | None:
     return directory
 
 
-def _torch_load(file: str, weights_only: bool) -> Any:
+def _full_load(file: str) -> Any:
+    """``torch.load`` with full unpickling (only with --trust-checkpoint: it runs the file's code)."""
     import torch
 
     try:  # mmap: tensors stay on disk, only the pickled structure is read
-        return torch.load(file, map_location="cpu", weights_only=weights_only, mmap=True)
+        return torch.load(file, map_location="cpu", weights_only=False, mmap=True)
     except RuntimeError as exc:
         if "mmap" not in str(exc):
             raise
-        return torch.load(file, map_location="cpu", weights_only=weights_only)  # legacy (non-zip) file
+        return torch.load(file, map_location="cpu", weights_only=False)  # legacy (non-zip) file
 
 
-def _load_args(file: str, trust: bool, layout: CheckpointLayout) -> dict[str, Any]:
-    import torch
+_CHUNK = re.compile(r"model(\d+)\Z")
 
+
+def _load_state(file: str, trust: bool, layout: CheckpointLayout) -> dict[str, Any] | None:
+    """The rank file's top-level dict, its tensors never read (None, with a note, when unreadable)."""
+    from ..loaders.blocks import CorruptCheckpoint
+    from ..loaders.torch_io import UnsafeCheckpoint, safe_load
+
+    name = os.path.basename(file)
     try:
-        with torch.serialization.safe_globals([argparse.Namespace]):
-            state = _torch_load(file, weights_only=True)
-    except Exception as exc:
+        state = safe_load(file, meta=True)
+    except UnsafeCheckpoint as exc:
         if not trust:
-            layout.notes.append(f"args not read from {os.path.basename(file)}: it needs full unpickling "
-                                f"({type(exc).__name__}); pass --trust-checkpoint to read it")
-            return {}
+            found = re.search(r"refusing to unpickle (.+?), which", str(exc))
+            layout.notes.append(f"args not read from {name}: unpickling it needs {found.group(1) if found else 'a global'}"
+                                f", which is neither a plain container nor a Megatron class; pass --trust-checkpoint "
+                                "to read it with full unpickling (that runs the file's code)")
+            return None
         try:
-            state = _torch_load(file, weights_only=False)
+            state = _full_load(file)
         except Exception as exc2:
             layout.notes.append(f"args not read from {file}: {type(exc2).__name__}: {exc2}")
-            return {}
-    args = state.get("args") if isinstance(state, dict) else None
+            return None
+    except CorruptCheckpoint as exc:
+        layout.problems.append(str(exc))
+        return None
+    if not isinstance(state, dict):
+        layout.notes.append(f"{name} holds a {type(state).__name__}, not a Megatron checkpoint dict")
+        return None
+    return state
+
+
+def _read_rank_file(file: str, trust: bool, layout: CheckpointLayout) -> None:
+    """``layout.args`` (the parallel and model sizes) and ``layout.vpp`` from one rank file."""
+    state = _load_state(file, trust, layout)
+    if state is None:
+        return
+    chunks = sorted(int(m.group(1)) for m in map(_CHUNK.match, (k for k in state if isinstance(k, str))) if m)
+    if chunks:
+        layout.vpp = len(chunks)
+        if chunks != list(range(len(chunks))):
+            layout.problems.append(f"{os.path.basename(file)} holds model chunks "
+                                   f"{', '.join(f'model{c}' for c in chunks)}: some are missing")
+    elif "model" in state:
+        layout.vpp = 1
+    args = state.get("args")
     if args is None:
         layout.notes.append(f"{os.path.basename(file)} holds no 'args'")
-        return {}
+        return
     values = vars(args) if isinstance(args, argparse.Namespace) else dict(args)
-    return {k: values[k] for k in _ARG_NAMES if k in values}
+    layout.args = {k: values[k] for k in _ARG_NAMES if k in values}
+    saved_vpp = layout.args.get("virtual_pipeline_model_parallel_size")
+    if layout.vpp is not None and saved_vpp is not None and saved_vpp != layout.vpp:
+        layout.problems.append(f"the saved args say virtual_pipeline_model_parallel_size={saved_vpp} but "
+                               f"{os.path.basename(file)} holds {layout.vpp} model chunk(s)")
+    if layout.vpp is None and saved_vpp:
+        layout.vpp = saved_vpp
 
 
 def probe_checkpoint(path: str, trust: bool = False) -> CheckpointLayout:
@@ -131,7 +172,7 @@ def probe_checkpoint(path: str, trust: bool = False) -> CheckpointLayout:
         layout.format = "torch_dist"
         common = os.path.join(directory, "common.pt")
         if os.path.exists(common):
-            layout.args = _load_args(common, trust, layout)
+            _read_rank_file(common, trust, layout)
         layout.tp = layout.args.get("tensor_model_parallel_size")
         layout.pp = layout.args.get("pipeline_model_parallel_size")
         layout.ep = layout.args.get("expert_model_parallel_size")
@@ -145,7 +186,7 @@ def probe_checkpoint(path: str, trust: bool = False) -> CheckpointLayout:
     first = sorted(e for _, e in ranks)[0]
     rank_file = os.path.join(directory, first, "model_optim_rng.pt")
     if os.path.exists(rank_file):
-        layout.args = _load_args(rank_file, trust, layout)
+        _read_rank_file(rank_file, trust, layout)
     parts = {len([g for g in m.groups() if g is not None]) for m, _ in ranks}
     if len(parts) > 1:
         layout.problems.append(f"{directory} mixes mp_rank_* folder shapes ({', '.join(sorted(e for _, e in ranks))})")

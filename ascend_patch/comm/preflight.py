@@ -24,9 +24,9 @@ from typing import Any
 
 __all__ = [
     "CONVERT_FLAGS",
+    "TRAINING_FLAGS",
     "ParallelConfigError",
     "ParallelFlags",
-    "TRAINING_FLAGS",
     "balanced_layer_list",
     "check_experts",
     "check_ffn_hidden_size",
@@ -41,6 +41,7 @@ __all__ = [
     "format_choices",
     "parse_layer_list",
     "stage_layer_ranges",
+    "stages_from_first_last",
     "training_split_flags",
     "uneven_split",
 ]
@@ -286,6 +287,30 @@ def training_split_flags(stages: Sequence[int], flags: ParallelFlags = TRAINING_
         return " ".join(parts)
     layout = "|".join(f"t*{n}" for n in stages)
     return f"--pipeline-model-parallel-layout 'E{layout}L'"
+
+
+def stages_from_first_last(num_layers: int, pp: int, first: int | None = None, last: int | None = None,
+                           flags: ParallelFlags = TRAINING_FLAGS) -> list[int]:
+    """The stages megatron-core builds from a first and/or last stage's layer count (the middle ones even)."""
+    check_sizes(flags, num_layers=num_layers, pp=pp)
+    names = flags.first_last or ("the first stage's count", "the last stage's count")
+    given = " and ".join(f"{n} {v}" for n, v in zip(names, (first, last)) if v is not None)
+    for name, value in zip(names, (first, last)):
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise ParallelConfigError(f"{name} must be at least 1, got {value!r}; every stage needs a layer", "layers")
+    if pp == 1:
+        raise ParallelConfigError(f"{given} needs pipeline stages, but PP=1; drop it or use {flags.pp} 2 or more",
+                                  "layers")
+    inner = pp - (first is not None) - (last is not None)
+    rest = num_layers - (first or 0) - (last or 0)
+    if (inner == 0 and rest != 0) or (inner > 0 and (rest < inner or rest % inner)):
+        split = uneven_split(num_layers, pp)
+        fix = f"; e.g. {training_split_flags(split, flags)} gives {','.join(map(str, split))}" if split else ""
+        raise ParallelConfigError(
+            f"{given} leave {rest} of the {num_layers} layers for {inner} middle pipeline stage(s) "
+            f"(PP={pp}): megatron-core needs them to divide evenly, at least 1 each{fix}", "layers")
+    middle = [rest // inner] * inner if inner else []
+    return ([first] if first is not None else []) + middle + ([last] if last is not None else [])
 
 
 def _uneven_remedy(num_layers: int, pp: int, flags: ParallelFlags) -> str:

@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import datetime
+import enum
+import importlib.util
 import json
+import sys
+import types
 
 import pytest
 import torch
@@ -13,27 +19,68 @@ from ascend_patch.comm.check import convert_command, preflight
 from ascend_patch.comm.checkpoint_probe import probe_checkpoint
 
 
-def make_checkpoint(root, tp=1, pp=1, ep=1, iteration=100, args=None, skip=(), with_args=True):
-    """A legacy-format Megatron checkpoint: tracker file and iter_XXXXXXX/mp_rank_TT[_PPP][_EEE]/."""
+def make_checkpoint(root, tp=1, pp=1, ep=1, iteration=100, args=None, skip=(), with_args=True, vpp=1,
+                    megatron_enum=False):
+    """A legacy-format Megatron checkpoint: tracker file and iter_XXXXXXX/mp_rank_TT[_PPP][_EEE]/.
+
+    ``vpp`` > 1 stores ``model0``, ``model1``, ... as Megatron does for virtual pipeline chunks;
+    ``megatron_enum`` puts a Megatron enum member in ``args`` (see :func:`absent_megatron_enum`).
+    """
     root.mkdir(parents=True, exist_ok=True)
     (root / "latest_checkpointed_iteration.txt").write_text(str(iteration))
     values = dict(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, expert_model_parallel_size=ep,
                   num_layers=8, hidden_size=64, num_attention_heads=4, num_query_groups=2,
-                  group_query_attention=True, ffn_hidden_size=128)
+                  group_query_attention=True, ffn_hidden_size=128,
+                  virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None)
     values.update(args or {})
-    for t in range(tp):
-        for p in range(pp):
-            for e in range(ep):
-                name = f"mp_rank_{t:02d}" + (f"_{p:03d}" if pp > 1 else "") + (f"_{e:03d}" if ep > 1 else "")
-                if name in skip:
-                    continue
-                folder = root / f"iter_{iteration:07d}" / name
-                folder.mkdir(parents=True)
-                state = {"iteration": iteration, "checkpoint_version": 3.0, "model": {"w": torch.zeros(2)}}
-                if with_args:
-                    state["args"] = argparse.Namespace(**values)
-                torch.save(state, folder / "model_optim_rng.pt")
+    with absent_megatron_enum() if megatron_enum else contextlib.nullcontext() as enum:
+        if enum is not None:
+            values["attention_backend"] = enum.auto
+        for t in range(tp):
+            for p in range(pp):
+                for e in range(ep):
+                    name = f"mp_rank_{t:02d}" + (f"_{p:03d}" if pp > 1 else "") + (f"_{e:03d}" if ep > 1 else "")
+                    if name in skip:
+                        continue
+                    folder = root / f"iter_{iteration:07d}" / name
+                    folder.mkdir(parents=True)
+                    state = {"iteration": iteration, "checkpoint_version": 3.0}
+                    if vpp > 1:
+                        state.update({f"model{v}": {"w": torch.zeros(2)} for v in range(vpp)})
+                    else:
+                        state["model"] = {"w": torch.zeros(2)}
+                    if with_args:
+                        state["args"] = argparse.Namespace(**values)
+                    torch.save(state, folder / "model_optim_rng.pt")
     return root
+
+
+ENUM_MODULE = "megatron.training.enums"  # Megatron-LM's, absent here (only megatron-core is installed)
+
+
+@contextlib.contextmanager
+def absent_megatron_enum():
+    """An ``AttnBackend`` enum importable as ``megatron.training.enums.AttnBackend`` only inside the block.
+
+    Pickles made inside reference that class by name; outside, loading them would need a
+    class this process cannot import.
+    """
+    saved = {name: sys.modules.get(name) for name in ("megatron.training", ENUM_MODULE)}
+    assert saved[ENUM_MODULE] is None and importlib.util.find_spec("megatron.training") is None
+    enum_module = types.ModuleType(ENUM_MODULE)
+    backend = enum.Enum("AttnBackend", {"flash": 1, "fused": 2, "unfused": 3, "local": 4, "auto": 5},
+                        module=ENUM_MODULE, qualname="AttnBackend")
+    enum_module.AttnBackend = backend
+    sys.modules["megatron.training"] = types.ModuleType("megatron.training")
+    sys.modules[ENUM_MODULE] = enum_module
+    try:
+        yield backend
+    finally:
+        for name, module in saved.items():
+            if module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module
 
 
 def hf_config(tmp_path, layers=8, heads=4, kv=2, ffn=128):
@@ -204,7 +251,134 @@ def test_mismatch_says_which_folders_each_side_has(tmp_path, capsys):
     ckpt = make_checkpoint(tmp_path / "ckpt", tp=2, pp=4)
     code, out = run(capsys, "--world-size", 8, "--tp", 2, "--pp", 1, "--load", ckpt)
     assert code == 1
-    assert "rank 0 would look for mp_rank_00/, the checkpoint has mp_rank_00_000/ .. mp_rank_01_003/" in out
+    assert ("rank 0 would look for mp_rank_00/ and 1 more, which the checkpoint does not have (it has "
+            "mp_rank_00_000/ .. mp_rank_01_003/)") in out
+
+
+def test_mismatch_between_two_pipelined_layouts_says_what_differs(tmp_path, capsys):
+    # both sides PP > 1: the folders the launch reads exist, but hold other layers
+    ckpt = make_checkpoint(tmp_path / "ckpt", tp=2, pp=4)
+    code, out = run(capsys, "--world-size", 4, "--tp", 2, "--pp", 2, "--load", ckpt)
+    assert code == 1
+    assert ("saved with PP=4 but you are launching PP=2: the torch format cannot be re-sharded on load (the "
+            "folders the launch reads exist (mp_rank_00_000/ .. mp_rank_01_001/), but mp_rank_00_000/ holds "
+            "layers 0-1 (PP=4) where stage 0 at PP=2 needs layers 0-3; 4 of its 8 folders would not be read). "
+            "Re-shard it first:") in out
+    assert "rank 0 would look for" not in out
+    ckpt = make_checkpoint(tmp_path / "ckpt4", tp=4, pp=2)
+    code, out = run(capsys, "--world-size", 4, "--tp", 2, "--pp", 2, "--load", ckpt)
+    assert ("(the folders the launch reads exist (mp_rank_00_000/ .. mp_rank_01_001/), but each file holds 1/4 of "
+            "every tensor-parallel weight (TP=4) where a rank at TP=2 needs 1/2; 4 of its 8 folders would not be "
+            "read)") in out
+
+
+def test_expert_parallel_mismatch_prints_no_converter_command(tmp_path, capsys):
+    ckpt = make_checkpoint(tmp_path / "moe", ep=2, args={"num_experts": 4})
+    code, out = run(capsys, "--world-size", 2, "--load", ckpt)
+    assert code == 1
+    error = out[out.index("this checkpoint was saved"):out.index("\n\n", out.index("this checkpoint was saved"))]
+    assert error == (
+        f"this checkpoint was saved with EP=2 but you are launching EP=1: the torch format cannot be re-sharded on "
+        f"load (rank 0 would look for mp_rank_00/, which the checkpoint does not have (it has "
+        f"mp_rank_00_000/ .. mp_rank_00_001/)). ascend-patch convert cannot re-shard expert-parallel (MoE) "
+        f"checkpoints (it refuses them). Launch with the saved sizes (--tensor-model-parallel-size 1 "
+        f"--pipeline-model-parallel-size 1 --expert-model-parallel-size 2), or let Megatron-LM rewrite it in the "
+        f"torch_dist format, which megatron-core re-shards on load: run your training script once at the saved "
+        f"sizes with --load {ckpt} --ckpt-convert-format torch_dist --ckpt-convert-save {ckpt}_dist, then launch "
+        f"with --load {ckpt}_dist/torch_dist --ckpt-format torch_dist")
+    assert "--target-" not in out and "--load-model-type" not in out
+    # TP differing on an expert-parallel checkpoint: still no converter command
+    ckpt = make_checkpoint(tmp_path / "moe2", tp=2, ep=2, args={"num_experts": 4})
+    code, out = run(capsys, "--world-size", 4, "--ep", 2, "--load", ckpt)
+    assert code == 1 and "saved with TP=2 but you are launching TP=1" in out
+    assert "ascend-patch convert cannot re-shard expert-parallel (MoE) checkpoints" in out
+    assert "--load-model-type" not in out
+    code, out = run(capsys, "--world-size", 4, "--tp", 2, "--ep", 2, "--load", ckpt)
+    assert code == 0, out
+
+
+def test_virtual_pipeline_mismatch_both_ways(tmp_path, capsys):
+    ckpt = make_checkpoint(tmp_path / "vpp", pp=2, vpp=2)
+    layout = probe_checkpoint(str(ckpt))
+    assert (layout.tp, layout.pp, layout.ep, layout.vpp) == (1, 2, 1, 2)
+    code, out = run(capsys, "--world-size", 2, "--pp", 2, "--load", ckpt)
+    assert code == 1
+    assert ("this checkpoint was saved with VPP=2 but you are launching VPP=1: the torch format cannot be "
+            "re-sharded on load (the folders the launch reads exist (mp_rank_00_000/ .. mp_rank_00_001/), but each "
+            "file holds model0, model1 (VPP=2) where the launch builds one model chunk and reads 'model')") in out
+    assert (f"--save-dir {ckpt}_tp1_pp2 --target-tensor-parallel-size 1 --target-pipeline-parallel-size 2 "
+            f"--virtual-pipeline-parallel-size 1\n") in out
+    assert "saved TP=1 PP=2 EP=1 VPP=2" in out
+    assert run(capsys, "--world-size", 2, "--pp", 2, "--num-virtual-stages-per-pipeline-rank", 2,
+               "--load", ckpt)[0] == 0
+    plain = make_checkpoint(tmp_path / "plain", pp=2)
+    code, out = run(capsys, "--world-size", 2, "--pp", 2, "--num-virtual-stages-per-pipeline-rank", 2,
+                    "--load", plain)
+    assert code == 1 and "saved with VPP=1 but you are launching VPP=2" in out
+    assert "where the launch builds 2 chunks per rank and reads model0, model1" in out
+    assert (f"--virtual-pipeline-parallel-size 2\n    then launch with --load {plain}_tp1_pp2_vpp2") in out
+    assert convert_command("/c", 2, 4, 2) == (
+        "ascend-patch convert --load-model-type mg --save-model-type mg --load-dir /c --save-dir /c_tp2_pp4_vpp2 "
+        "--target-tensor-parallel-size 2 --target-pipeline-parallel-size 4 --virtual-pipeline-parallel-size 2")
+
+
+def test_args_with_megatron_enums_are_read_without_megatron(tmp_path, capsys):
+    # Megatron-LM's args hold enum members (attention_backend=AttnBackend.auto): the probe reads them
+    # with the converter's safe reader; before, it fell back to folder names and read EP=2 as PP=2
+    ckpt = make_checkpoint(tmp_path / "ep", ep=2, args={"num_experts": 4}, megatron_enum=True)
+    rank_file = ckpt / "iter_0000100" / "mp_rank_00_000" / "model_optim_rng.pt"
+    with pytest.raises(ModuleNotFoundError, match="megatron.training"):
+        torch.load(rank_file, weights_only=False)  # the pickle needs the class, which is not here
+    layout = probe_checkpoint(str(ckpt))
+    assert (layout.tp, layout.pp, layout.ep, layout.vpp) == (1, 1, 2, 1)
+    assert layout.args["expert_model_parallel_size"] == 2 and layout.args["num_experts"] == 4
+    assert layout.notes == [] and layout.problems == []
+    assert ENUM_MODULE not in sys.modules
+    code, out = run(capsys, "--world-size", 2, "--ep", 2, "--load", ckpt)
+    assert code == 0, out
+
+
+def test_a_pickle_needing_other_code_is_not_run(tmp_path):
+    ckpt = make_checkpoint(tmp_path / "odd", args={"when": datetime.date(2024, 1, 2)})
+    layout = probe_checkpoint(str(ckpt))
+    assert layout.args == {} and (layout.pp, layout.ep) == (1, 1)
+    assert layout.notes == [(
+        "args not read from model_optim_rng.pt: unpickling it needs datetime.date, which is neither a plain "
+        "container nor a Megatron class; pass --trust-checkpoint to read it with full unpickling (that runs the "
+        "file's code)")]
+    trusted = probe_checkpoint(str(ckpt), trust=True)
+    assert trusted.args["num_layers"] == 8 and trusted.notes == []
+
+
+def test_first_and_last_stage_flags_describe_an_uneven_launch(tmp_path, capsys):
+    config = hf_config(tmp_path, layers=28)
+    code, out = run(capsys, "--world-size", 8, "--pp", 8, "--hf-config", config,
+                    "--decoder-first-pipeline-num-layers", 2, "--decoder-last-pipeline-num-layers", 2)
+    assert code == 0, out
+    assert ("layers per pipeline stage 2,4,4,4,4,4,4,2: megatron-core builds them with "
+            "--decoder-first-pipeline-num-layers 2 --decoder-last-pipeline-num-layers 2") in out
+    code, out = run(capsys, "--world-size", 8, "--pp", 8, "--hf-config", config, "--num-layer-list",
+                    "4,4,4,4,3,3,3,3")
+    assert code == 0 and "--pipeline-model-parallel-layout 'Et*4|t*4|t*4|t*4|t*3|t*3|t*3|t*3L'" in out
+    code, out = run(capsys, "--world-size", 8, "--pp", 8, "--hf-config", config,
+                    "--decoder-first-pipeline-num-layers", 3, "--decoder-last-pipeline-num-layers", 2)
+    assert code == 1
+    assert ("--decoder-first-pipeline-num-layers 3 and --decoder-last-pipeline-num-layers 2 leave 23 of the 28 "
+            "layers for 6 middle pipeline stage(s) (PP=8): megatron-core needs them to divide evenly, at least 1 "
+            "each; e.g. --decoder-first-pipeline-num-layers 2 --decoder-last-pipeline-num-layers 2 gives "
+            "2,4,4,4,4,4,4,2") in out
+
+
+def test_saved_first_and_last_stage_args_give_the_saved_placement(tmp_path, capsys):
+    ckpt = make_checkpoint(tmp_path / "uneven", pp=4, args={"num_layers": 12, "decoder_first_pipeline_num_layers": 2,
+                                                            "decoder_last_pipeline_num_layers": 4})
+    code, out = run(capsys, "--world-size", 4, "--pp", 4, "--load", ckpt)
+    assert code == 1
+    assert "this checkpoint places layers 2,3,3,4 on its 4 pipeline stages but the launch places 3,3,3,3" in out
+    assert f"--save-dir {ckpt}_tp1_pp4 --target-tensor-parallel-size 1 --target-pipeline-parallel-size 4\n" in out
+    code, out = run(capsys, "--world-size", 4, "--pp", 4, "--load", ckpt,
+                    "--decoder-first-pipeline-num-layers", 2, "--decoder-last-pipeline-num-layers", 4)
+    assert code == 0, out
 
 
 QWEN3_1_7B = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 2048,

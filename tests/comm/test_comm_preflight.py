@@ -61,8 +61,8 @@ def test_loader_side_layer_list_errors_carry_the_remedy():
     from ascend_patch.loaders.preflight import check_pipeline_split
 
     (p,) = check_pipeline_split(8, 2, num_layer_list=[4, 3])
-    assert (p.code, str(p)) == ("layer-list", "--num-layer-list 4,3 sums to 7 but the model has 8 layers; make "
-                                              "the counts add up to 8, e.g. 4,4")
+    assert p.code == "layer-list"
+    assert str(p) == "--num-layer-list 4,3 sums to 7 but the model has 8 layers; make the counts add up to 8, e.g. 4,4"
     (p,) = check_pipeline_split(8, 3, num_layer_list=[4, 4])
     assert str(p).endswith("give one count per stage, e.g. 3,3,2")
 
@@ -86,7 +86,9 @@ def test_training_remedy_names_the_flags_megatron_accepts():
 
 def test_training_split_flags_build_the_stages_in_megatron_core():
     import torch
-    from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
+    from megatron.core.transformer.pipeline_parallel_layer_layout import (
+        PipelineParallelLayerLayout,
+    )
     from megatron.core.transformer.transformer_block import get_num_layers_to_build
     from megatron.core.transformer.transformer_config import TransformerConfig
 

@@ -1,0 +1,183 @@
+"""Does a Megatron checkpoint load at the launch's layout? If not: what differs, and what to do.
+
+The legacy ``torch`` format stores one file per (TP, PP[, EP]) rank, in
+``mp_rank_TT[_PPP][_EEE]/``, holding ``model`` (or ``model0``, ``model1``, ... with
+virtual pipeline stages); Megatron loads it only at the layout it was saved with. A
+dense checkpoint at another TP / PP / VPP is re-sharded with ``ascend-patch convert``
+(mg -> mg), and the command printed here is one that runs. The converter refuses
+expert-parallel (MoE) checkpoints, so for those no command is printed: the remedy is to
+launch at the saved sizes, or to have Megatron-LM rewrite the checkpoint in the
+``torch_dist`` format, which megatron-core re-shards on load.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from .checkpoint_probe import CheckpointLayout
+from .preflight import (
+    ParallelConfigError,
+    parse_layer_list,
+    stages_from_first_last,
+    training_split_flags,
+)
+
+__all__ = ["LaunchLayout", "checkpoint_findings", "convert_command", "resharded_dir", "saved_stages"]
+
+
+@dataclass(frozen=True)
+class LaunchLayout:
+    """The sizes a launch would load a checkpoint at."""
+
+    tp: int
+    pp: int
+    ep: int = 1
+    vpp: int = 1
+    stages: tuple[int, ...] | None = None  # layers per pipeline stage, when known
+    layer_list: tuple[int, ...] | None = None  # an explicit uneven split the launch uses
+    num_layers: int | None = None
+
+
+def resharded_dir(load_dir: str, tp: int, pp: int, vpp: int = 1) -> str:
+    """Where :func:`convert_command` writes the re-sharded checkpoint."""
+    return f"{load_dir.rstrip('/')}_tp{tp}_pp{pp}" + (f"_vpp{vpp}" if vpp > 1 else "")
+
+
+def convert_command(load_dir: str, tp: int, pp: int, vpp: int | None = None,
+                    num_layer_list: list[int] | tuple[int, ...] | None = None) -> str:
+    """The ``ascend-patch convert`` command that re-shards a dense Megatron checkpoint to TP/PP(/VPP).
+
+    ``vpp`` is written whenever given (``1`` turns the saved chunks back into one ``model``).
+    """
+    save_dir = resharded_dir(load_dir, tp, pp, vpp or 1)
+    parts = ["ascend-patch", "convert", "--load-model-type", "mg", "--save-model-type", "mg",
+             "--load-dir", load_dir, "--save-dir", save_dir,
+             "--target-tensor-parallel-size", str(tp), "--target-pipeline-parallel-size", str(pp)]
+    if vpp is not None:
+        parts += ["--virtual-pipeline-parallel-size", str(vpp)]
+    if num_layer_list:
+        parts += ["--num-layer-list", ",".join(map(str, num_layer_list))]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def saved_stages(ckpt: CheckpointLayout, num_layers: int | None) -> list[int] | None:
+    """Layers per pipeline stage of the checkpoint, from its saved args (None when unknown)."""
+    args = ckpt.args
+    listed = parse_layer_list(args.get("num_layer_list"))
+    if listed:
+        return listed
+    pp = ckpt.pp
+    if not num_layers or not pp:
+        return None
+    first, last = args.get("decoder_first_pipeline_num_layers"), args.get("decoder_last_pipeline_num_layers")
+    if first or last:
+        try:
+            return stages_from_first_last(num_layers, pp, first or None, last or None)
+        except ParallelConfigError:
+            return None
+    return [num_layers // pp] * pp if num_layers % pp == 0 else None
+
+
+def _folder(t: int, p: int, e: int, pp: int, ep: int) -> str:
+    return f"mp_rank_{t:02d}" + (f"_{p:03d}" if pp > 1 else "") + (f"_{e:03d}" if ep > 1 else "")
+
+
+def _folders(tp: int, pp: int, ep: int) -> list[str]:
+    return [_folder(t, p, e, pp, ep) for t in range(tp) for p in range(pp) for e in range(ep)]
+
+
+def _range(names: list[str]) -> str:
+    return f"{names[0]}/ .. {names[-1]}/" if len(names) > 1 else f"{names[0]}/"
+
+
+def _span(start: int, count: int) -> str:
+    return f"layer {start}" if count == 1 else f"layers {start}-{start + count - 1}"
+
+
+def _what_differs(ckpt: CheckpointLayout, launch: LaunchLayout, stages: list[int] | None) -> str:
+    """Which rank folders and files the launch would read, and why they do not fit."""
+    tp, pp, ep, vpp = ckpt.tp or 1, ckpt.pp or 1, ckpt.ep or 1, ckpt.vpp or 1
+    have = _folders(tp, pp, ep)
+    want = _folders(launch.tp, launch.pp, launch.ep)
+    missing = [f for f in want if f not in set(have)]
+    if missing:
+        who = "rank 0" if missing[0] == want[0] else "the launch"
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        return (f"{who} would look for {missing[0]}/{more}, which the checkpoint does not have "
+                f"(it has {_range(have)})")
+    parts = []
+    if pp != launch.pp:
+        if stages and vpp == 1 and launch.vpp == 1 and launch.stages:
+            parts.append(f"{have[0]}/ holds {_span(0, stages[0])} (PP={pp}) where stage 0 at PP={launch.pp} "
+                         f"needs {_span(0, launch.stages[0])}")
+        else:
+            parts.append(f"{have[0]}/ holds 1/{pp} of the layers (PP={pp}) where stage 0 at PP={launch.pp} "
+                         f"needs 1/{launch.pp}")
+    if tp != launch.tp:
+        parts.append(f"each file holds 1/{tp} of every tensor-parallel weight (TP={tp}) where a rank at "
+                     f"TP={launch.tp} needs 1/{launch.tp}")
+    if vpp != launch.vpp:
+        chunks = ", ".join(f"model{i}" for i in range(vpp)) if vpp > 1 else "one 'model'"
+        built = ("one model chunk and reads 'model'" if launch.vpp == 1 else f"{launch.vpp} chunks per rank and "
+                 f"reads {', '.join(f'model{i}' for i in range(launch.vpp))}")
+        parts.append(f"each file holds {chunks} (VPP={vpp}) where the launch builds {built}")
+    unread = len(have) - len(want)
+    tail = f"; {unread} of its {len(have)} folders would not be read" if unread > 0 else ""
+    return f"the folders the launch reads exist ({_range(want)}), but " + "; ".join(parts) + tail
+
+
+def _is_expert(ckpt: CheckpointLayout, launch: LaunchLayout) -> bool:
+    return (ckpt.ep or 1) > 1 or launch.ep > 1 or bool(ckpt.args.get("num_experts"))
+
+
+def _expert_remedy(ckpt: CheckpointLayout) -> str:
+    saved = f"--tensor-model-parallel-size {ckpt.tp or 1} --pipeline-model-parallel-size {ckpt.pp or 1} " \
+            f"--expert-model-parallel-size {ckpt.ep or 1}"
+    if (ckpt.vpp or 1) > 1:
+        saved += f" --num-virtual-stages-per-pipeline-rank {ckpt.vpp}"
+    dist_dir = f"{ckpt.path.rstrip('/')}_dist"
+    return (f"ascend-patch convert cannot re-shard expert-parallel (MoE) checkpoints (it refuses them). Launch "
+            f"with the saved sizes ({saved}), or let Megatron-LM rewrite it in the torch_dist format, which "
+            f"megatron-core re-shards on load: run your training script once at the saved sizes with "
+            f"--load {shlex.quote(ckpt.path)} --ckpt-convert-format torch_dist --ckpt-convert-save "
+            f"{shlex.quote(dist_dir)}, then launch with --load {shlex.quote(dist_dir + '/torch_dist')} "
+            f"--ckpt-format torch_dist")
+
+
+def checkpoint_findings(ckpt: CheckpointLayout, launch: LaunchLayout) -> tuple[list[str], list[str]]:
+    """(errors, notes) about loading ``ckpt`` at ``launch``; the checkpoint's own problems come first."""
+    errors, notes = list(ckpt.problems), list(ckpt.notes)
+    if ckpt.format == "unknown":
+        return errors, notes
+    if ckpt.reshardable:
+        notes.append(f"{ckpt.path} is a torch_dist checkpoint: megatron-core re-shards it on load, "
+                     "so its TP/PP/EP need not match the launch")
+        return errors, notes
+    sizes = (("TP", ckpt.tp, launch.tp), ("PP", ckpt.pp, launch.pp), ("EP", ckpt.ep, launch.ep),
+             ("VPP", ckpt.vpp, launch.vpp))
+    differs = [(name, saved, now) for name, saved, now in sizes if saved is not None and saved != now]
+    stages = saved_stages(ckpt, launch.num_layers)
+    placement = (not differs and launch.stages is not None and stages is not None
+                 and list(stages) != list(launch.stages))
+    if not differs and not placement:
+        return errors, notes
+    vpp_flag = launch.vpp if (ckpt.vpp or 1) > 1 or launch.vpp > 1 else None
+    command = convert_command(ckpt.path, launch.tp, launch.pp, vpp_flag, launch.layer_list)
+    then = shlex.quote(resharded_dir(ckpt.path, launch.tp, launch.pp, launch.vpp))
+    if placement:
+        head = (f"this checkpoint places layers {','.join(map(str, stages or []))} on its {ckpt.pp} pipeline "
+                f"stages but the launch places {','.join(map(str, launch.stages or []))}. ")
+    else:
+        what = " and ".join(f"{n}={s}" for n, s, _ in differs)
+        now = " and ".join(f"{n}={v}" for n, _, v in differs)
+        head = (f"this checkpoint was saved with {what} but you are launching {now}: the torch format cannot be "
+                f"re-sharded on load ({_what_differs(ckpt, launch, stages)}). ")
+    if _is_expert(ckpt, launch):
+        errors.append(head + _expert_remedy(ckpt))
+        return errors, notes
+    errors.append(head + f"Re-shard it first:\n      {command}\n    then launch with --load {then}")
+    if launch.layer_list and (flags := training_split_flags(launch.layer_list)):
+        notes.append(f"the re-sharded checkpoint places layers {','.join(map(str, launch.layer_list))}; "
+                     f"train with {flags} to build the same stages")
+    return errors, notes
