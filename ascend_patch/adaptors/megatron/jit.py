@@ -10,7 +10,8 @@ pieces, L2 norm) at import time.
   runs anyway. The fused *semantics* are unchanged (same functions, run eagerly).
 * npu: stock Inductor has no npu code generator (that needs torchair), and the fusions
   that matter on Ascend (SwiGLU, RoPE, RMSNorm, softmax) are routed to torch_npu kernels
-  by ``ascend_patch.ops``; MindSpeed makes the same choice.
+  by ``ascend_patch.ops`` (RMSNorm through :mod:`.norms`, which builds its adaptor on
+  ``npu_rms_norm``); MindSpeed makes the same choice.
 
 So on both targets ``jit_fuser`` becomes a pass-through decorator. Of the functions
 megatron-core 0.16 decorates at import (:data:`COMPILED_AT_IMPORT`), those already compiled

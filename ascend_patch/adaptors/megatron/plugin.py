@@ -20,7 +20,7 @@ def megatron_patches(backend: Any) -> list[Any]:
     """Every Megatron patch for ``backend`` (the registry drops those for other targets)."""
     from . import jit, norms, optimizer, rng, wgrad
 
-    return [*jit.jit_patches(), *rng.rng_patches(), *norms.norm_patches(), *wgrad.wgrad_patches(),
+    return [*jit.jit_patches(), *rng.rng_patches(), *norms.norm_patches(backend), *wgrad.wgrad_patches(),
             *optimizer.optimizer_patches()]
 
 
