@@ -14,9 +14,16 @@ only fp16/bf16).
 
 Refused with a clear error: ``softcap != 0``, ``alibi_slopes``, ``return_attn_probs`` with
 dropout (the dropout-encoded ``S_dmask`` cannot be reproduced), and ``return_attn_probs``
-for varlen on npu. ``deterministic`` is accepted (the forward is deterministic; the cpu
-backward is too). Dropout uses torch's RNG, so it matches flash-attn in distribution,
+for varlen on npu. Dropout uses torch's RNG, so it matches flash-attn in distribution,
 not bit for bit.
+
+``deterministic`` (flash-attn: a deterministic backward): the cpu paths (SDPA and the
+per-sequence loop) are deterministic whatever it says - the same inputs give bitwise the
+same dq/dk/dv (tests/ops/test_ops_attention.py). ``npu_fusion_attention`` has no such
+argument: torch_npu makes its backward (aclnnFlashAttentionScoreGrad) deterministic in its
+deterministic mode, ``torch.use_deterministic_algorithms(True)``, which torch_npu honours
+only once per thread, so the adaptor does not toggle it per call; ``deterministic=True``
+on the npu path while that mode is off warns, saying so.
 """
 
 from __future__ import annotations
@@ -66,6 +73,17 @@ def _options(api: str, q: Tensor, dropout_p: float, softmax_scale: float | None,
     if causal:
         right = 0
     return scale, left, right
+
+
+def _npu_determinism(api: str, deterministic: bool) -> None:
+    """Called where ``npu_fusion_attention`` will run: ``deterministic=True`` needs torch_npu's deterministic mode."""
+    if deterministic and not torch.are_deterministic_algorithms_enabled():
+        import warnings
+
+        warnings.warn(f"flash_attn.{api}(deterministic=True): npu_fusion_attention has no deterministic flag; its "
+                      "backward is deterministic in torch_npu's deterministic mode only: call "
+                      "torch.use_deterministic_algorithms(True) once at start-up (torch_npu honours the first "
+                      "setting per thread, so ascend_patch does not switch it per call)", stacklevel=4)
 
 
 def _check_heads(api: str, q: Tensor, k: Tensor, v: Tensor) -> None:
@@ -152,12 +170,13 @@ def _sdpa_bshd(q: Tensor, k: Tensor, v: Tensor, *, dropout_p: float, scale: floa
 
 
 def attention_bshd(q: Tensor, k: Tensor, v: Tensor, *, dropout_p: float = 0.0, scale: float | None = None,
-                   left: int = -1, right: int = -1, want_lse: bool = False,
-                   backend: Any = None) -> tuple[Tensor, Tensor | None]:
+                   left: int = -1, right: int = -1, want_lse: bool = False, backend: Any = None,
+                   deterministic: bool = False, api: str = "flash_attn_func") -> tuple[Tensor, Tensor | None]:
     """Batched attention in flash-attn's layout with a bottom-right aligned band; (out, lse or None)."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     kernel = backend.kernels.get("npu_fusion_attention") if backend is not None else None
     if kernel is not None and npu_supports(q, k):
+        _npu_determinism(api, deterministic)
         return fusion_attention_bsnd(kernel, q, k, v, dropout_p=dropout_p, scale=scale, left=left, right=right,
                                      want_lse=want_lse)
     return _sdpa_bshd(q, k, v, dropout_p=dropout_p, scale=scale, left=left, right=right, want_lse=want_lse)
@@ -176,7 +195,7 @@ def _check_cu(api: str, name: str, cu: Tensor, total: int) -> None:
 
 def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, *,
                      dropout_p: float = 0.0, scale: float | None = None, left: int = -1, right: int = -1,
-                     want_lse: bool = False, backend: Any = None,
+                     want_lse: bool = False, backend: Any = None, deterministic: bool = False,
                      api: str = "flash_attn_varlen_func") -> tuple[Tensor, Tensor | None]:
     """Packed attention, each sequence on its own; (out (total_q, h, d), lse (h, total_q) or None)."""
     _check_cu(api, "cu_seqlens_q", cu_seqlens_q, q.shape[0])
@@ -190,6 +209,7 @@ def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_s
         if want_lse:
             raise _refuse(api, "return_attn_probs=True", "on npu the TND softmax statistics are not exposed in a "
                           "documented layout; pad to (b, s, h, d) and use flash_attn_func")
+        _npu_determinism(api, deterministic)
         out = fusion_attention_tnd(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, dropout_p=dropout_p, scale=scale,
                                    left=left, right=right)
         return out, None
@@ -226,7 +246,7 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0, sof
     scale, left, right = _options("flash_attn_func", q, dropout_p, softmax_scale, causal, window_size, softcap,
                                   alibi_slopes, return_attn_probs)
     out, lse = attention_bshd(q, k, v, dropout_p=dropout_p, scale=scale, left=left, right=right,
-                              want_lse=return_attn_probs, backend=backend)
+                              want_lse=return_attn_probs, backend=backend, deterministic=deterministic)
     return (out, lse, None) if return_attn_probs else out
 
 
@@ -282,7 +302,8 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
         k, v = _paged(k, block_table, lens), _paged(v, block_table, lens)
     _check_heads(api, q, k, v)
     out, lse = attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, dropout_p=dropout_p, scale=scale, left=left,
-                                right=right, want_lse=return_attn_probs, backend=backend, api=api)
+                                right=right, want_lse=return_attn_probs, backend=backend,
+                                deterministic=deterministic, api=api)
     return (out, lse, None) if return_attn_probs else out
 
 

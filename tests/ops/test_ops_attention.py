@@ -276,3 +276,66 @@ def test_npu_limits_fall_back_to_torch(cpu_backend, seeded):
         out = A.flash_attn_func(q, q, q, backend=cpu_backend)
     assert not called
     torch.testing.assert_close(out.double(), explicit_attention(q, q, q)[0], atol=2e-5, rtol=2e-5)
+
+
+def _grads(fn, inputs, g):
+    out = fn(*inputs)
+    return torch.autograd.grad(out, inputs, g)
+
+
+@pytest.mark.parametrize("sq,sk,causal,window", [(64, 64, True, (-1, -1)), (48, 64, True, (-1, -1)),
+                                                 (64, 64, False, (-1, -1)), (64, 64, False, (8, 0))])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_backward_is_deterministic(seeded, sq, sk, causal, window, dtype):
+    """deterministic=True on cpu: repeated backward passes give bitwise-identical dq, dk, dv (GQA, 2 threads)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        q = torch.randn(2, sq, 8, 32, dtype=dtype, requires_grad=True)
+        k = torch.randn(2, sk, 2, 32, dtype=dtype, requires_grad=True)
+        v = torch.randn(2, sk, 2, 32, dtype=dtype, requires_grad=True)
+        g = torch.randn(2, sq, 8, 32, dtype=dtype)
+
+        def call(q, k, v):
+            return A.flash_attn_func(q, k, v, causal=causal, window_size=window, deterministic=True)
+
+        first = _grads(call, (q, k, v), g)
+        for _ in range(2):
+            again = _grads(call, (q, k, v), g)
+            assert all(torch.equal(a, b) for a, b in zip(first, again))
+        packed, cu = _pack([20, 33, 11], 4, 32, dtype)
+        packed.requires_grad_()
+        gp = torch.randn_like(packed)
+
+        def varlen(x):
+            return A.flash_attn_varlen_func(x, x, x, cu, cu, 33, 33, causal=causal, deterministic=True)
+
+        (dx,) = _grads(varlen, (packed,), gp)
+        (dx2,) = _grads(varlen, (packed,), gp)
+        assert torch.equal(dx, dx2)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_npu_deterministic_needs_torch_npus_deterministic_mode(cpu_backend, seeded):
+    """npu_fusion_attention has no deterministic flag: deterministic=True warns unless the mode is on."""
+    import warnings
+
+    q = torch.randn(1, 8, 2, 16)
+    packed, cu = _pack([3, 5], 2, 16, torch.float32)
+    was = torch.are_deterministic_algorithms_enabled()
+    with cpu_backend.kernels.override(npu_fusion_attention=CallLog(reference_npu_fusion_attention)):
+        try:
+            torch.use_deterministic_algorithms(False)
+            with pytest.warns(UserWarning, match=r"torch.use_deterministic_algorithms\(True\)"):
+                A.flash_attn_func(q, q, q, deterministic=True, backend=cpu_backend)
+            with pytest.warns(UserWarning, match="flash_attn_varlen_func\\(deterministic=True\\)"):
+                A.flash_attn_varlen_func(packed, packed, packed, cu, cu, 5, 5, deterministic=True, backend=cpu_backend)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                A.flash_attn_func(q, q, q, deterministic=False, backend=cpu_backend)
+                A.flash_attn_func(q, q, q, deterministic=True)  # the cpu path: deterministic already
+                torch.use_deterministic_algorithms(True)
+                A.flash_attn_func(q, q, q, deterministic=True, backend=cpu_backend)
+        finally:
+            torch.use_deterministic_algorithms(was)
