@@ -14,8 +14,11 @@ it unchanged):
 * each local query chunk with global index g attends keys ``[0, (g+1) * chunk)`` with
   a causal mask aligned to the bottom right (its own chunk is the diagonal block);
 * the block attention is ``torch_npu.npu_fusion_attention`` when the target's kernel
-  table has it (BSND layout, ``sparse_mode=3`` with the compressed 2048x2048 mask, GQA
-  native), else ``scaled_dot_product_attention``.
+  table has it and the shapes are within its documented limits (the ops' one check,
+  :func:`ascend_patch.ops.attention_npu.npu_supports`: at most 256 query heads, head dim
+  at most 768, query heads a multiple of key/value heads, fp16/bf16/fp32); BSND layout,
+  ``sparse_mode=3`` with the compressed 2048x2048 mask, GQA native. Otherwise, as in the
+  ops, ``scaled_dot_product_attention``.
 
 Without CP (size 1) it is plain causal (or unmasked) attention through the same kernels.
 This module imports megatron-core; the family specs import it only when a spec is built.
@@ -33,10 +36,9 @@ from megatron.core.transformer.module import MegatronModule
 from megatron.core.utils import divide
 
 from .. import active_backend
+from ..ops.attention_npu import compressed_causal_mask, npu_supports
 
 __all__ = ["ContextParallelAttention", "all_gather_sequence", "attend"]
-
-_COMPRESSED = 2048  # npu_fusion_attention's compressed causal mask size (sparse_mode 2/3)
 
 
 class _GatherSequence(torch.autograd.Function):
@@ -79,21 +81,10 @@ def all_gather_sequence(tensor: torch.Tensor, group: Any) -> torch.Tensor:
     return torch.cat(order, dim=0)
 
 
-_MASKS: dict[Any, torch.Tensor] = {}
-
-
-def _compressed_mask(device: Any) -> torch.Tensor:
-    """The 2048x2048 upper-triangular mask (True = masked out) sparse_mode 3 expects; one per device."""
-    mask = _MASKS.get(device)
-    if mask is None:
-        mask = _MASKS[device] = torch.ones(_COMPRESSED, _COMPRESSED, dtype=torch.bool, device=device).triu(1)
-    return mask
-
-
 def _npu_attend(kernel: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
                 scale: float, dropout: float) -> torch.Tensor:
     # q [b, sq, np, d], k/v [b, sk, ng, d] (BSND); rightDownCausal = bottom-right aligned
-    mask = _compressed_mask(q.device) if causal else None
+    mask = compressed_causal_mask(q.device) if causal else None
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     out = kernel(q, k, v, q.shape[2], "BSND", atten_mask=mask, scale=scale, keep_prob=1.0 - dropout,
                  sparse_mode=3 if causal else 0)
@@ -115,9 +106,12 @@ def _torch_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
            dropout: float = 0.0, kernels: Any = None) -> torch.Tensor:
-    """Attention of q [b, sq, np, d] over k, v [b, sk, ng, d]; causal is bottom-right aligned."""
+    """Attention of q [b, sq, np, d] over k, v [b, sk, ng, d]; causal is bottom-right aligned.
+
+    On ``npu_fusion_attention`` where ``kernels`` has it and the shapes are within its limits, else SDPA.
+    """
     kernel = kernels.get("npu_fusion_attention") if kernels is not None else None
-    if kernel is not None:
+    if kernel is not None and npu_supports(q, k):
         return _npu_attend(kernel, q, k, v, causal, scale, dropout)
     return _torch_attend(q, k, v, causal, scale, dropout)
 

@@ -172,3 +172,25 @@ def test_cp2_forward_and_backward_match_full_attention(tmp_path):
             c = tensor.chunk(4, 0)
             expected = torch.cat([c[rank], c[3 - rank]])
             torch.testing.assert_close(got[name], expected, rtol=1e-5, atol=1e-5, msg=f"rank {rank} {name}")
+
+
+@pytest.mark.parametrize("h, hk, d", [(4, 2, 800), (264, 264, 8)])
+def test_attend_outside_the_kernels_limits_falls_back_to_torch(h, hk, d):
+    """The ops' npu_supports check (head dim <= 768, <= 256 query heads) decides: outside it, SDPA runs."""
+    from ascend_patch.ops import attention_npu
+
+    calls = []
+
+    def kernel(*args, **kwargs):
+        calls.append(1)
+        return reference_npu_fusion_attention(*args, **kwargs)
+
+    torch.manual_seed(2)
+    q, k, v = torch.randn(1, 6, h, d), torch.randn(1, 6, hk, d), torch.randn(1, 6, hk, d)
+    assert not attention_npu.npu_supports(q, k)
+    got = attend(q, k, v, True, 0.1, kernels=KernelTable({"npu_fusion_attention": kernel}))
+    assert calls == []
+    torch.testing.assert_close(got, explicit_attention(q, k, v, True, 0.1), rtol=1e-5, atol=1e-5)
+    inside = q[:, :, :4, :64], k[:, :, :2, :64], v[:, :, :2, :64]
+    attend(*inside, True, 0.1, kernels=KernelTable({"npu_fusion_attention": kernel}))
+    assert calls == [1]  # the same call within the limits goes to the kernel
