@@ -13,8 +13,9 @@ forked generator, so every draw inside the block is a draw from the tracked stat
 tracker restores the generator on exit: nothing escapes, and the message fires for every
 dropout. The patch drops exactly that message, only while the tracker's own exit runs,
 only on the cpu target (on npu the NPU generator is separate and the check keeps its
-meaning). tests/megatron/test_rng.py shows the generator is restored and the per-rank
-streams are reproducible.
+meaning). ``test_host_rng_fork_restores_the_generator_and_keeps_streams`` in
+tests/megatron/test_mcore_patches.py shows the generator is restored, the per-rank streams
+are reproducible, and the stock fork does log the message.
 """
 
 from __future__ import annotations
