@@ -170,15 +170,18 @@ def layer_spec(args, config):
         return get_gpt_layer_local_spec(qk_layernorm=args.qk_layernorm, normalization=args.normalization)
     from megatron.core.transformer.spec_utils import ModuleSpec
 
-    if len(args.spec) == 2:  # Megatron's form: module attribute
+    # Megatron's form as two words (--spec mod attr) or one quoted argument (--spec "mod attr")
+    parts = args.spec[0].split() if len(args.spec) == 1 else list(args.spec)
+    if len(parts) == 2:
         import importlib
 
-        found = getattr(importlib.import_module(args.spec[0]), args.spec[1])
-    else:  # a name registered by a model-family plugin
+        found = getattr(importlib.import_module(parts[0]), parts[1])
+    elif len(parts) == 1:  # a name registered by a model-family plugin
         from ascend_patch.models.registry import resolve_spec
 
-        found = resolve_spec(args.spec)
-        found = found.layer_spec
+        found = resolve_spec(parts[0]).layer_spec
+    else:
+        raise SystemExit(f"--spec takes a registered name or 'module attribute', got {' '.join(args.spec)!r}")
     return found if isinstance(found, ModuleSpec) else found(config)
 
 
