@@ -62,7 +62,11 @@ def _say(text: str = "") -> None:
 def _stage(result: DemoResult, number: int, title: str, work: Callable[[], str]) -> None:
     _say(f"\n[{number}/6] {title}")
     start = time.perf_counter()
-    outcome = work()
+    try:
+        outcome = work()
+    except (DemoError, subprocess.CalledProcessError, OSError) as exc:
+        raise DemoError(f"[{number}/6] {title} failed: {exc}\nthe artefacts are kept in {result.workdir} "
+                        f"(logs in {os.path.join(result.workdir, 'logs')})") from exc
     elapsed = time.perf_counter() - start
     result.timings[title] = elapsed
     _say(f"      -> {outcome}  ({elapsed:.1f} s)")
@@ -156,6 +160,8 @@ def run_demo(workdir: str | None = None, keep: bool = False, device: str = "cpu"
     """Run the six stages; returns what they produced. Raises DemoError naming the failed stage."""
     if nproc % (tp * pp):
         raise DemoError(f"--nproc {nproc} is not a multiple of --tp {tp} x --pp {pp}")
+    if steps < 1:
+        raise DemoError(f"--steps {steps}: train at least 1 step")
     if not os.path.exists(EXAMPLE):
         raise DemoError(f"the demo trains with {EXAMPLE}, which is not here: run it from a clone of the "
                         "ascend_patch repository (pip install -e .)")
@@ -184,10 +190,11 @@ def run_demo(workdir: str | None = None, keep: bool = False, device: str = "cpu"
 
         _stage(result, 1, "make a tiny Hugging Face checkpoint", make)
 
-        model_argv = subprocess.run(_cli("args", "--hf-config", hf, "--format", "argv"), env=env,
-                                    capture_output=True, text=True, check=True).stdout.split()
+        model_argv: list[str] = []
 
         def check_layout() -> str:
+            model_argv.extend(subprocess.run(_cli("args", "--hf-config", hf, "--format", "argv"), env=env,
+                                             capture_output=True, text=True, check=True).stdout.split())
             _run(_cli("check", "--world-size", str(nproc), "--tp", str(tp), "--pp", str(pp), "--hf-config", hf,
                       "--device", device, "--megatron-args=" + " ".join(model_argv)),
                  os.path.join(logs, "check.log"), env, show=lambda line: True)
@@ -216,7 +223,7 @@ def run_demo(workdir: str | None = None, keep: bool = False, device: str = "cpu"
                    *model_argv, "--tensor-model-parallel-size", str(tp), "--pipeline-model-parallel-size", str(pp),
                    "--load", mg, "--finetune", "--save", trained, "--save-interval", str(steps),
                    "--train-iters", str(steps), "--seq-length", str(SEQ), "--micro-batch-size", "2",
-                   "--global-batch-size", str(8 * dp), "--lr", "3e-3", "--lr-warmup-iters", "5",
+                   "--global-batch-size", str(8 * dp), "--lr", "3e-3", "--lr-warmup-iters", str(min(5, steps - 1)),
                    "--lr-decay-style", "cosine", "--min-lr", "3e-4",
                    "--hidden-dropout", "0", "--attention-dropout", "0", "--loss-log", loss_log,
                    "--log-interval", str(max(1, steps // 8))]
