@@ -181,8 +181,9 @@ def preflight(world_size: int | None = None, nnodes: int | None = None, nproc_pe
             from ..models.registry import get_spec_registry
 
             cfg = read_config_json(hf_config)
-            mc = get_spec_registry().for_hf_config(cfg).config_from_hf(cfg)
-            report.errors.extend(f"{problem} ({hf_config})" for problem in disagreements(mc, megatron_args))
+            spec = get_spec_registry().for_hf_config(cfg)
+            problems = disagreements(spec.config_from_hf(cfg), megatron_args, spec=spec.name)
+            report.errors.extend(f"{problem} ({hf_config})" for problem in problems)
     if model is not None:
         base = report.model or ModelDims()
         merged = {k: (v if v is not None else getattr(base, k)) for k, v in asdict(model).items() if k != "source"}

@@ -32,24 +32,27 @@ def model_config_from_path(path: str, spec: str | None = None) -> tuple[ModelCon
 
 
 def _parse_argv(argv: Sequence[str]) -> dict[str, Any]:
-    """``["--num-layers", "28", "--swiglu"]`` -> {"num-layers": "28", "swiglu": True}."""
+    """``["--num-layers", "28", "--swiglu", "--data-path", "a", "b"]`` -> {"num-layers": "28", "swiglu": True,
+    "data-path": ["a", "b"]}.
+
+    A flag takes every value up to the next ``--flag``: one value is a string, several a list
+    (Megatron's ``--spec module attr``, ``--data-path a b c``). Words before the first flag
+    (the program, when a whole command line is pasted) are skipped.
+    """
     given: dict[str, Any] = {}
     items = list(argv)
     i = 0
-    while i < len(items):
-        item = items[i]
-        if not item.startswith("--"):
-            raise ValueError(f"expected a --flag, got {item!r} (position {i})")
-        name, eq, value = item[2:].partition("=")
-        name = name.replace("_", "-")
-        if eq:
-            given[name] = value
-        elif i + 1 < len(items) and not items[i + 1].startswith("--"):
-            given[name] = items[i + 1]
-            i += 1
-        else:
-            given[name] = True
+    while i < len(items) and not items[i].startswith("--"):
         i += 1
+    while i < len(items):
+        name, eq, value = items[i][2:].partition("=")
+        name = name.replace("_", "-")
+        i += 1
+        values = [value] if eq else []
+        while i < len(items) and not items[i].startswith("--"):
+            values.append(items[i])
+            i += 1
+        given[name] = True if not values else values[0] if len(values) == 1 else values
     return given
 
 
@@ -62,14 +65,19 @@ def _same(expected: Any, given: Any) -> bool:
         return str(expected) == str(given)
 
 
-def disagreements(mc: ModelConfig, argv: Sequence[str], make_vocab_size_divisible_by: int = 128) -> list[str]:
-    """Each flag in ``argv`` that contradicts ``mc`` (and each switch the model needs that is missing)."""
+def disagreements(mc: ModelConfig, argv: Sequence[str], make_vocab_size_divisible_by: int = 128,
+                  spec: str | None = None) -> list[str]:
+    """Each flag in ``argv`` that contradicts ``mc`` (and each switch the model needs that is missing).
+
+    ``spec`` is the name of the spec serving the config: a ``--spec NAME`` naming another
+    family is a disagreement (Megatron's ``--spec module attr`` names code, and is not judged).
+    """
     expected = mc.megatron_args(make_vocab_size_divisible_by=make_vocab_size_divisible_by)
     given = _parse_argv(argv)
     problems = []
     for name, value in given.items():
         if name in expected and not _same(expected[name], value):
-            shown = "" if value is True else f" {value}"
+            shown = "" if value is True else f" {' '.join(value) if isinstance(value, list) else value}"
             want = "(a bare switch)" if expected[name] is True else str(expected[name])
             problems.append(f"--{name}{shown}: config.json says {want}")
     switches = ("swiglu", "disable-bias-linear", "add-qkv-bias", "qk-layernorm",
@@ -80,6 +88,40 @@ def disagreements(mc: ModelConfig, argv: Sequence[str], make_vocab_size_divisibl
     for name in switches:
         if given.get(name) is True and name not in expected:
             problems.append(f"--{name} is given but the model does not use it")
+    problems += _precision_problems(mc, given)
+    if spec is not None and "spec" in given:
+        problems += _spec_problems(given["spec"], spec)
+    return problems
+
+
+def _spec_problems(value: Any, serving: str) -> list[str]:
+    from .registry import UnknownSpec, get_spec_registry
+
+    words = value if isinstance(value, list) else str(value).split()
+    if value is True or len(words) != 1:
+        return []
+    try:
+        named = get_spec_registry().get(words[0]).name
+    except UnknownSpec as exc:
+        return [f"--spec {words[0]}: {exc}"]
+    if named != serving:
+        return [f"--spec {words[0]}: config.json describes a {serving} model; use --spec {serving}"]
+    return []
+
+
+_PRECISION = {"bf16": "bfloat16", "fp16": "float16"}
+
+
+def _precision_problems(mc: ModelConfig, given: dict[str, Any]) -> list[str]:
+    """A half-precision flag for a model saved in the other half precision (bf16 weights overflow fp16)."""
+    if given.get("bf16") is True and given.get("fp16") is True:
+        keep = f"use --{mc.params_dtype}" if mc.params_dtype in _PRECISION else "drop one"
+        return [f"--fp16 and --bf16 are both given: Megatron takes one; {keep}"]
+    problems = []
+    for flag in _PRECISION:
+        if given.get(flag) is True and mc.params_dtype in _PRECISION and mc.params_dtype != flag:
+            problems.append(f"--{flag}: config.json says the model is {_PRECISION[mc.params_dtype]} "
+                            f"(torch_dtype/dtype); use --{mc.params_dtype}")
     return problems
 
 
@@ -122,7 +164,7 @@ def _cmd_args(ns: argparse.Namespace) -> int:
     if ns.check is not None:
         check = [a for a in ns.check if a != "--"]
         try:
-            problems = disagreements(mc, check, ns.make_vocab_size_divisible_by)
+            problems = disagreements(mc, check, ns.make_vocab_size_divisible_by, spec)
         except ValueError as exc:
             print(f"ascend-patch args --check: {exc}", file=sys.stderr)
             return 2

@@ -410,3 +410,21 @@ def test_tp_errors_come_with_the_sizes_that_fit_everything(tmp_path, capsys):
     assert main(["check", "--world-size", "8", "--tp", "3", "--hf-config", str(tmp_path)]) == 1
     out = capsys.readouterr().out
     assert "TP sizes that fit the heads, query groups, FFN and 8 ranks (PP=1, CP=1) together: 1, 2, 4 or 8" in out
+
+
+def test_megatron_args_with_the_two_word_spec_and_multi_valued_flags(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_1_7B))
+    argv = ("--num-layers 28 --hidden-size 2048 --num-attention-heads 16 --kv-channels 128 --swiglu "
+            "--disable-bias-linear --group-query-attention --num-query-groups 8 --qk-layernorm --bf16 "
+            "--spec some.module layer_spec --data-path 0.5 /data/a 0.5 /data/b")
+    code = main(["check", "--world-size", "4", "--tp", "2", "--hf-config", str(tmp_path), "--megatron-args", argv])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert out.rstrip().endswith("OK: no errors")
+    code = main(["check", "--world-size", "4", "--tp", "2", "--hf-config", str(tmp_path), "--megatron-args",
+                 argv.replace("--bf16", "--fp16").replace("--spec some.module layer_spec", "--spec qwen2")])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert f"--fp16: config.json says the model is bfloat16 (torch_dtype/dtype); use --bf16 ({tmp_path})" in out
+    assert f"--spec qwen2: config.json describes a qwen3 model; use --spec qwen3 ({tmp_path})" in out
+    assert "2 error(s)" in out

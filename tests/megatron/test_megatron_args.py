@@ -134,3 +134,60 @@ def test_args_command_errors_name_the_problem(tmp_path, capsys):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "mamba"}))
     assert main(["args", "--hf-config", str(tmp_path)]) == 2
     assert "no model spec serves model_type 'mamba'" in capsys.readouterr().err
+
+
+def test_multi_valued_flags_and_megatron_spec_form_parse(qwen3_dir, capsys):
+    from ascend_patch.models.args_cli import _parse_argv
+
+    argv = ["pretrain_gpt.py", "--num-layers", "28", "--spec", "some.module", "layer_spec", "--data-path", "0.3",
+            "a", "0.7", "b", "--swiglu", "--lr=1e-4", "--adam-eps", "-1e-8"]
+    assert _parse_argv(argv) == {"num-layers": "28", "spec": ["some.module", "layer_spec"],
+                                 "data-path": ["0.3", "a", "0.7", "b"], "swiglu": True, "lr": "1e-4",
+                                 "adam-eps": "-1e-8"}
+    good = [f"--{k}" if v is True else f"--{k}={v}" for k, v in EXPECTED.items()]
+    extra = ["--spec", "some.module", "layer_spec", "--data-path", "a", "b", "c"]
+    assert main(["args", "--hf-config", str(qwen3_dir), "--check", *good, *extra]) == 0
+    assert main(["args", "--hf-config", str(qwen3_dir), "--check", "--num-layers", "28", "29"]) == 1
+    assert "--num-layers 28 29: config.json says 28" in capsys.readouterr().out.splitlines()
+
+
+def _precision(mc, argv):
+    from ascend_patch.models.args_cli import disagreements
+
+    return [p for p in disagreements(mc, argv) if p.startswith(("--fp16", "--bf16"))]
+
+
+def _spec(mc, argv, spec):
+    from ascend_patch.models.args_cli import disagreements
+
+    return [p for p in disagreements(mc, argv, spec=spec) if p.startswith("--spec")]
+
+
+def test_half_precision_flag_must_match_the_config_dtype(qwen3_dir):
+    from ascend_patch.models.qwen3.config import config_from_hf
+
+    bf16 = config_from_hf(QWEN3_1_7B)
+    assert _precision(bf16, ["--fp16"]) == [
+        "--fp16: config.json says the model is bfloat16 (torch_dtype/dtype); use --bf16"]
+    assert _precision(bf16, ["--bf16"]) == []
+    assert _precision(bf16, ["--bf16", "--fp16"]) == ["--fp16 and --bf16 are both given: Megatron takes one; use --bf16"]
+    fp16 = config_from_hf({**QWEN3_1_7B, "torch_dtype": "float16"})
+    assert _precision(fp16, ["--bf16"]) == [
+        "--bf16: config.json says the model is float16 (torch_dtype/dtype); use --fp16"]
+    new_style = config_from_hf({**{k: v for k, v in QWEN3_1_7B.items() if k != "torch_dtype"}, "dtype": "float16"})
+    assert _precision(new_style, ["--bf16"]) == [
+        "--bf16: config.json says the model is float16 (torch_dtype/dtype); use --fp16"]
+    fp32 = config_from_hf({**QWEN3_1_7B, "torch_dtype": "float32"})
+    assert _precision(fp32, ["--bf16"]) == []  # mixed precision training of an fp32 model is fine
+
+
+def test_spec_naming_another_family_is_a_disagreement():
+    from ascend_patch.models.qwen3.config import config_from_hf
+
+    mc = config_from_hf(QWEN3_1_7B)
+    assert _spec(mc, ["--spec", "qwen3"], spec="qwen3") == []
+    assert _spec(mc, ["--spec", "qwen2"], spec="qwen3") == [
+        "--spec qwen2: config.json describes a qwen3 model; use --spec qwen3"]
+    (unknown,) = _spec(mc, ["--spec", "qwen4"], spec="qwen3")
+    assert unknown.startswith("--spec qwen4: unknown model spec 'qwen4'; known: ")
+    assert _spec(mc, ["--spec", "some.module", "layer_spec"], spec="qwen3") == []
