@@ -3,6 +3,12 @@
 Configs are read as they are written today and as they were: transformers 5.x
 writes ``dtype`` and nests rope settings (``"rope_parameters": {"rope_theta": ...}``);
 older files have ``torch_dtype`` and a top-level ``rope_theta`` / ``rope_scaling``.
+
+What a config asks for that the megatron-core model built from it will not do is kept,
+not dropped: ``sliding_window`` (Mistral v0.1; Qwen2/3 with ``use_sliding_window``) is
+recorded in :attr:`ModelConfig.sliding_window` and explained in :attr:`ModelConfig.notes`
+(the family specs attend over the full causal context). The weights do not depend on it,
+so conversion goes on; :func:`.transformer_config.transformer_config` warns with the note.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["ModelConfig", "ConfigMismatch", "load_hf_config", "read_config_json", "DTYPES"]
+__all__ = ["ModelConfig", "ConfigMismatch", "load_hf_config", "read_config_json", "sliding_window", "DTYPES"]
 
 DTYPES = {"float32": "fp32", "float": "fp32", "fp32": "fp32", "bfloat16": "bf16", "bf16": "bf16",
           "float16": "fp16", "half": "fp16", "fp16": "fp16"}
@@ -49,11 +55,24 @@ class ModelConfig:
     rope_scaling: Mapping[str, Any] | None = None
     params_dtype: str = "fp32"
     architectures: tuple[str, ...] = ()
+    sliding_window: int | None = None  # enabled in config.json and shorter than the context; not built
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def head_dim(self) -> int:
         return self.kv_channels
+
+    @property
+    def notes(self) -> list[str]:
+        """What config.json asks for that the megatron-core model built from this config does not do."""
+        notes = []
+        if self.sliding_window:
+            w = self.sliding_window
+            notes.append(f"config.json enables sliding-window attention (sliding_window={w}: each token attends to "
+                         f"the last {w} positions), which the '{self.family}' layer spec does not build: it attends "
+                         f"over the whole causal context, so sequences longer than {w} tokens give other results "
+                         "than the Hugging Face model (shorter ones are identical; the weights are unaffected)")
+        return notes
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -166,6 +185,15 @@ def params_dtype(cfg: Mapping[str, Any]) -> str:
     return DTYPES.get(str(raw).replace("torch.", ""), "fp32")
 
 
+def sliding_window(cfg: Mapping[str, Any]) -> int | None:
+    """The sliding-window span ``cfg`` enables, or None: unset, switched off (``use_sliding_window``
+    false, as Qwen2/3 ship), or no shorter than ``max_position_embeddings`` (then it changes nothing)."""
+    window = cfg.get("sliding_window")
+    if not window or cfg.get("use_sliding_window", True) is False:
+        return None
+    return int(window) if int(window) < int(cfg.get("max_position_embeddings", 4096)) else None
+
+
 def load_hf_config(cfg: Mapping[str, Any], family: str, *, qk_layernorm: bool = False,
                    add_qkv_bias: bool | None = None, default_tied: bool = False) -> ModelConfig:
     """Normalise a llama-style config (llama, mistral, qwen2, qwen3) into a ModelConfig."""
@@ -202,5 +230,6 @@ def load_hf_config(cfg: Mapping[str, Any], family: str, *, qk_layernorm: bool = 
         rope_scaling=scaling,
         params_dtype=params_dtype(cfg),
         architectures=tuple(cfg.get("architectures") or ()),
+        sliding_window=sliding_window(cfg),
         raw=dict(cfg),
     )

@@ -33,9 +33,17 @@ def _dropouts(mc: ModelConfig) -> tuple[float, float]:
 
 def transformer_config_kwargs(mc: ModelConfig, dtype: str | None = None, **overrides: Any) -> dict[str, Any]:
     """The ``TransformerConfig`` keyword arguments for ``mc`` (``dtype`` fp32/bf16/fp16 overrides the
-    checkpoint's); ``overrides`` (parallel sizes, fusions, ...) are passed through and win."""
+    checkpoint's); ``overrides`` (parallel sizes, fusions, ...) are passed through and win.
+
+    Warns with :attr:`ModelConfig.notes` (e.g. a sliding window the model will not apply).
+    """
+    import warnings
+
     import torch
     import torch.nn.functional as F
+
+    for note in mc.notes:
+        warnings.warn(note, UserWarning, stacklevel=2)
 
     dtype = dtype or mc.params_dtype
     if dtype not in _DTYPES:
