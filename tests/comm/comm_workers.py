@@ -98,10 +98,23 @@ def gaps_unpatched(rank: int, world: int, port: int) -> None:
         dist.destroy_process_group()
 
 
-def spawn(fn: Callable[..., None], world: int) -> None:
+def run_module_checks(rank: int, world: int, port: int, module: str) -> None:
+    """Every check in ``module``'s CHECKS (e.g. comm_dtype_checks), patched, asserting values."""
+    import importlib
+
+    start(rank, world, port)
+    try:
+        for check in importlib.import_module(module).CHECKS:
+            check(rank, world)
+            dist.barrier()
+    finally:
+        finish()
+
+
+def spawn(fn: Callable[..., None], world: int, *extra: object) -> None:
     import torch.multiprocessing as mp
 
-    mp.spawn(fn, args=(world, free_port()), nprocs=world, join=True)
+    mp.spawn(fn, args=(world, free_port(), *extra), nprocs=world, join=True)
 
 
 def mesh_and_fsdp(rank: int, world: int, port: int) -> None:

@@ -22,6 +22,14 @@ def test_every_collective_form_matches_the_single_process_result(world):
     comm_workers.spawn(comm_workers.run_all, world)
 
 
+@pytest.mark.parametrize("world", [2, 4])
+def test_every_dtype_and_reduce_op_matches_the_single_process_result(world):
+    # fp64, int8/32/64, uint8, bool, complex64 (and fp32/bf16/fp16): all_reduce and reduce with
+    # SUM/MIN/MAX/PRODUCT/AVG, sync and async, coalesced, uneven reduce_scatter lists, data movers:
+    # see comm_dtype_checks.CHECKS
+    comm_workers.spawn(comm_workers.run_module_checks, world, "comm_dtype_checks")
+
+
 @pytest.mark.parametrize("world", [2])
 def test_plain_gloo_lacks_what_the_fallbacks_provide(world):
     # if torch's gloo gains one of these forms, this fails and the fallback can go
