@@ -227,20 +227,6 @@ def test_gradient_accumulation_fusion_in_column_parallel_linear(mcore_world):
     torch.testing.assert_close(x.grad, g @ layer.weight.detach())
 
 
-def test_distributed_optimizer_gives_each_parameter_its_own_step():
-    from ascend_patch.adaptors.megatron.optimizer import _own_steps
-
-    shared = torch.tensor(3.0)
-    params = [torch.nn.Parameter(torch.zeros(2)) for _ in range(3)]
-    inner = types.SimpleNamespace(state={p: {"step": shared, "exp_avg": torch.zeros(2)} for p in params})
-    instance = types.SimpleNamespace(optimizer=inner)
-    _own_steps(lambda *a, **k: None, instance, (), {})
-    steps = [inner.state[p]["step"] for p in params]
-    assert len({id(s) for s in steps}) == 3 and all(float(s) == 3.0 for s in steps)
-    steps[0] += 1
-    assert [float(s) for s in steps] == [4.0, 3.0, 3.0]
-
-
 def test_host_rng_fork_restores_the_generator_and_keeps_streams(mcore_world, caplog):
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
     from megatron.core.tensor_parallel.random import CudaRNGStatesTracker, get_cuda_rng_tracker

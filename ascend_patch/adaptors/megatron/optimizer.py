@@ -1,19 +1,27 @@
-"""megatron-core's distributed optimizer with torch's Adam (no apex / Transformer Engine on the target).
+"""megatron-core's distributed optimizer: loading a legacy ``distrib_optim.pt`` on the target.
 
-Without apex or TE, megatron-core builds its optimizers on ``torch.optim.Adam``/``AdamW``,
-whose per-parameter state holds a ``step`` tensor next to ``exp_avg`` and ``exp_avg_sq``
-(apex's FusedAdam keeps the step in the param group instead). Loading a legacy
-``distrib_optim.pt`` then fails with ``KeyError: 'step'``: the file carries the
-parameter, ``exp_avg`` and ``exp_avg_sq`` shards only, while
-``DistributedOptimizer.load_state_dict`` has already restored ``step`` from the param
-groups. The patch keeps that restored step when the file has none, and does the copies
-with autograd off (for fp32 models the main params are views of the model's leaf
-parameters, and an in-place copy into them raises under autograd).
+Which Adam megatron-core 0.16 builds depends on what it finds when ``megatron.core.optimizer``
+is imported: imported after ascend_patch (``import ascend_patch`` first, ``-m ascend_patch``) it
+finds the apex shim and uses its ``FusedAdam``, which keeps the step in the param groups;
+imported before, it finds neither apex nor Transformer Engine and uses ``torch.optim.AdamW``
+(``HAVE_APEX_OR_TE = False``), whose per-parameter state holds a ``step`` tensor. Both happen
+(the docs support applying after megatron-core was imported), and the two wrappers below are
+what a resume from Megatron's legacy checkpoint needs in each case
+(tests/megatron/test_mcore_dist_optimizer.py resumes a real DistributedOptimizer both ways and
+takes each wrapper off again to show what it fixes):
 
-``load_state_dict`` also hands *one* ``step`` tensor to every parameter; torch's Adam
-increments each parameter's step in place, so after one step the shared counter has
-advanced once per parameter and the bias correction is wrong from the first step after
-a resume. The second patch gives each parameter its own copy after loading.
+* ``_set_main_param_and_optimizer_states`` (both cases): ``load_parameter_state`` copies the
+  file's shards into the main params, which for fp32 models are views of the model's leaf
+  parameters; megatron runs that copy with autograd on and it raises ("a view of a leaf
+  Variable that requires grad is being used in an in-place operation"). The wrapper runs it
+  with autograd off. With torch's AdamW, the file also lacks the ``step`` that the copy
+  expects next to ``exp_avg`` / ``exp_avg_sq`` (``KeyError: 'step'``): the step
+  ``load_state_dict`` restored from the param groups is kept.
+* ``load_state_dict`` (torch's AdamW): megatron hands *one* ``step`` tensor to every
+  parameter; torch's Adam increments each parameter's step in place, so the shared counter
+  advances once per parameter per step and the bias correction is wrong from the second step
+  after a resume. Each parameter gets its own copy. (With apex's FusedAdam it finds no
+  per-parameter step and does nothing.)
 """
 
 from __future__ import annotations
