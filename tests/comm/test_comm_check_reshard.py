@@ -78,3 +78,32 @@ def test_printed_pp_reshard_command_runs_and_the_result_passes_check(tmp_path, c
     assert len(got["mp_rank_00"]) > 10
     for key, tensor in want["mp_rank_00"].items():
         assert torch.equal(got["mp_rank_00"][key], tensor), key
+
+
+def test_printed_vpp_reshard_command_runs_and_the_result_passes_check(tmp_path, capsys):
+    from ascend_patch.loaders.engine import convert
+    from ascend_patch.loaders.formats import ConvertOptions
+
+    tiny = _loaders_tiny()
+    hf = tiny.save_model(tiny.make_model("llama"), str(tmp_path / "hf"))  # 4 layers
+    vpp2 = str(tmp_path / "mg_pp2_vpp2")
+    convert(hf, vpp2, "hf", "mg", ConvertOptions(target_pp=2, target_vpp=2))
+    assert main(["check", "--world-size", "2", "--pp", "2", "--hf-config", hf, "--load", vpp2]) == 1
+    out = capsys.readouterr().out
+    assert "this checkpoint was saved with VPP=2 but you are launching VPP=1" in out
+    argv = shlex.split(_printed_command(out))
+    assert argv[-2:] == ["--virtual-pipeline-parallel-size", "1"]
+    env = child_env(PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    resharded = argv[argv.index("--save-dir") + 1]
+    assert main(["check", "--world-size", "2", "--pp", "2", "--hf-config", hf, "--load", resharded]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("OK: no errors")
+    direct = str(tmp_path / "mg_pp2")
+    convert(hf, direct, "hf", "mg", ConvertOptions(target_pp=2))
+    got, want = _model_states(resharded), _model_states(direct)
+    assert list(got) == list(want) == ["mp_rank_00_000", "mp_rank_00_001"]
+    for rank, state in want.items():
+        assert sorted(got[rank]) == sorted(state)
+        for key, tensor in state.items():
+            assert torch.equal(got[rank][key], tensor), (rank, key)
