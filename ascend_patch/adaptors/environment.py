@@ -1,21 +1,17 @@
-"""CUDA environment variables onto their target counterparts (npu only).
+"""CUDA environment variables onto their NPU counterparts (npu only).
 
-Set before the first device use, so the runtime sees them. A counterpart the user
-already set wins; ``remove()`` restores the previous environment.
+Backend selection already carries them over before torch_npu is imported (see
+:func:`ascend_patch.backend.carry_over_environment`); these patches do it for a backend
+handed to ``apply()`` directly, and make the report show each variable. A counterpart
+the user already set wins; ``remove()`` restores the previous environment.
 """
 
 from __future__ import annotations
 
+from ..backend import ENV_COUNTERPARTS
 from ..patch import Action, Patch, PatchKind
 
 __all__ = ["ENV_COUNTERPARTS", "environment_patches"]
-
-# CUDA variable -> NPU variable with the same meaning.
-ENV_COUNTERPARTS = {
-    "CUDA_VISIBLE_DEVICES": "ASCEND_RT_VISIBLE_DEVICES",
-    "PYTORCH_CUDA_ALLOC_CONF": "PYTORCH_NPU_ALLOC_CONF",
-    "CUDA_LAUNCH_BLOCKING": "ASCEND_LAUNCH_BLOCKING",
-}
 
 
 def environment_patches() -> list[Patch]:

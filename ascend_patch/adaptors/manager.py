@@ -16,9 +16,7 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib.metadata
 import importlib.util
-import operator
 import os
 import sys
 import threading
@@ -35,6 +33,7 @@ from ..config import Settings, read_settings
 from ..patch import Patch, PatchKind
 from .. import usage
 from .shims import ShimFinder
+from .versions import clear_version_cache, version_problem
 
 __all__ = [
     "PatchConflict",
@@ -142,62 +141,6 @@ def _own_dict(owner: Any) -> dict[str, Any] | Any:
         return {}
 
 
-# Distribution -> installed version (None: not installed), read once per apply(): reading
-# a METADATA file costs milliseconds, and dozens of patches name the same package.
-_VERSIONS: dict[str, str | None] = {}
-
-
-def _installed_version(package: str) -> str | None:
-    if package not in _VERSIONS:
-        try:
-            _VERSIONS[package] = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            _VERSIONS[package] = None
-    return _VERSIONS[package]
-
-
-def _version_problem(patch: Patch) -> str | None:
-    if patch.package is None:
-        return None
-    installed = _installed_version(patch.package)
-    if installed is None:
-        return f"{patch.package} is not installed (patch checked against {patch.versions})"
-    if not _in_range(installed, patch.versions or ""):
-        return f"{patch.package} {installed} is outside the checked range {patch.versions}"
-    return None
-
-
-_COMPARE = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt,
-            "==": operator.eq, "!=": operator.ne}
-
-
-def _in_range(installed: str, versions: str) -> bool:
-    """``installed`` satisfies ``versions``, with packaging's semantics.
-
-    Ranges written as plain comparisons (">=0.16,<0.17", what every built-in patch uses)
-    are decided with packaging.version alone; anything else (wildcards, ~=, pre-releases)
-    goes to packaging.specifiers, whose import costs ~20 ms of every `import ascend_patch`.
-    """
-    from packaging.version import InvalidVersion, Version
-
-    try:
-        have = Version(installed)
-        clauses = []
-        for clause in filter(None, (c.strip() for c in versions.split(","))):
-            op = clause[:2] if clause[:2] in _COMPARE else clause[:1]
-            bound = clause[len(op):].strip()
-            if op not in _COMPARE or "*" in bound:
-                raise ValueError(clause)
-            clauses.append((_COMPARE[op], Version(bound)))
-    except (InvalidVersion, ValueError):
-        clauses = None
-    if clauses is not None and not have.is_prerelease:
-        return all(compare(have, bound) for compare, bound in clauses)
-    from packaging.specifiers import SpecifierSet
-
-    return SpecifierSet(versions).contains(installed)
-
-
 class PatchManager:
     """Applies and removes the patch set of one process. Use the module's :data:`manager`."""
 
@@ -232,13 +175,16 @@ class PatchManager:
                 self.remove()
             settings = settings if settings is not None else read_settings()
             self.settings = settings
-            _VERSIONS.clear()  # packages may have been installed or upgraded since
+            clear_version_cache()  # packages may have been installed or upgraded since
             self.recorder = None
             if backend is None:
                 self.selection = select_backend(settings)
             else:
                 self.selection = Selection(backend, backend.reason or f"given backend {backend.name}")
             self.backend = self.selection.backend
+            # NPU runtime variables selection set before torch_npu was imported: remove() restores them
+            self._env = list(self.selection.environ)
+            self.statuses, self.plugin_failures = [], []  # nothing of an earlier apply's table
             if self.backend is None:
                 if settings.enabled and settings.device == "auto":
                     warnings.warn(f"ascend_patch: {self.selection.reason}", stacklevel=3)
@@ -250,6 +196,7 @@ class PatchManager:
             except Exception:
                 usage.set_recorder(None)
                 self.recorder, self.backend = None, None
+                self._restore_env()
                 raise
             self.active = True
             self.generation += 1
@@ -310,7 +257,7 @@ class PatchManager:
 
     def _apply_one(self, status: PatchStatus) -> _Undo | None:
         patch = status.patch
-        problem = _version_problem(patch)
+        problem = version_problem(patch)
         if problem:
             self._skip(status, problem)
             return None
@@ -422,6 +369,10 @@ class PatchManager:
 
     def _apply_env(self, status: PatchStatus) -> None:
         name = status.patch.target
+        if self.selection is not None and name in dict(self.selection.environ):
+            status.state = "applied"
+            status.detail = f"{name}={os.environ.get(name)} (set before torch_npu was imported)"
+            return
         before = os.environ.get(name)
         value = status.patch.build(before)
         if value is None or value == before:
@@ -479,12 +430,7 @@ class PatchManager:
                             d[key] = undo.original
             self._undo.clear()
             _LIVE.clear()
-            for name, before in reversed(self._env):
-                if before is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = before
-            self._env.clear()
+            self._restore_env()
             self._shims.uninstall()
             self._shims = ShimFinder()
             _drop_wrapt_hooks(self._deferred)
@@ -496,6 +442,14 @@ class PatchManager:
             usage.set_recorder(None)
             self.active = False
             self.backend = None
+
+    def _restore_env(self) -> None:
+        for name, before in reversed(self._env):
+            if before is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = before
+        self._env.clear()
 
     # -- queries ------------------------------------------------------------------------
 

@@ -358,6 +358,6 @@ def test_version_ranges_follow_packaging(installed, versions):
     """The fast path for plain comparisons decides exactly as packaging's SpecifierSet does."""
     from packaging.specifiers import SpecifierSet
 
-    from ascend_patch.adaptors.manager import _in_range
+    from ascend_patch.adaptors.versions import _in_range
 
     assert _in_range(installed, versions) is SpecifierSet(versions).contains(installed)
