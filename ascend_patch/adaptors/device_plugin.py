@@ -11,7 +11,8 @@ __all__ = ["ascend_patch_register_patches"]
 
 @hookimpl
 def ascend_patch_register_patches(registry: Any, backend: Any) -> None:
-    from . import amp, cuda_namespace, data, environment, factories, generator, loading, processes, tensors
+    from . import (amp, backend_flags, cuda_namespace, data, environment, factories, generator, legacy,
+                   loading, processes, tensors)
     from ..devices import DeviceMap
 
     settings = registry.settings
@@ -25,3 +26,5 @@ def ascend_patch_register_patches(registry: Any, backend: Any) -> None:
     registry.extend(amp.amp_patches(backend, dmap))
     registry.extend(data.data_patches(backend, dmap))
     registry.extend(processes.process_patches(settings))
+    registry.extend(legacy.legacy_patches(backend, dmap))
+    registry.extend(backend_flags.backend_flag_patches(backend))

@@ -4,7 +4,9 @@ Semantics kept from CUDA, not just names:
 
 * a transfer to or from the device is a **copy** on the cpu target too
   (``.cuda()``, ``.to("cuda")``, ``.cpu()``, ``.to("cpu")``), never an alias of the host
-  tensor: code that refills a staging buffer or snapshots weights depends on it;
+  tensor: code that refills a staging buffer or snapshots weights depends on it. On npu
+  the device is real, so CUDA's own rule holds: ``.cuda()`` / ``.to("cuda")`` of a tensor
+  already on that device returns the tensor itself;
 * ``Tensor.is_cuda`` is True for target tensors, and ``Tensor.type()`` reports and
   accepts the ``torch.cuda.*Tensor`` names Megatron-style code compares against;
 * ``pin_memory()`` returns a (pinned-marked) copy and ``is_pinned()`` answers for it.
@@ -12,6 +14,7 @@ Semantics kept from CUDA, not just names:
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -37,7 +40,11 @@ def _is_host(device: Any) -> bool:
 
 
 def _to_wrapper(original: Any, dmap: DeviceMap, copy_host: bool, api: str) -> Any:
-    """Tensor.to: translate a device given positionally or by keyword; transfers copy."""
+    """Tensor.to: translate a device given positionally or by keyword.
+
+    ``copy_host`` (the cpu target): a transfer to or from "the device" is a copy even
+    though both ends are the host.
+    """
     lookup = dmap.lookup
     recorder = usage.active_recorder()
 
@@ -61,7 +68,7 @@ def _to_wrapper(original: Any, dmap: DeviceMap, copy_host: bool, api: str) -> An
             elif copy_host and _is_host(device):
                 moved = True
         out = original(self, *args, **kwargs)
-        if moved and out is self:
+        if moved and copy_host and out is self:
             out = self.clone()
         return out
 
@@ -71,6 +78,7 @@ def _to_wrapper(original: Any, dmap: DeviceMap, copy_host: bool, api: str) -> An
 
 def _cuda_wrapper(target: Backend, dmap: DeviceMap, api: str, module: bool) -> Any:
     recorder = usage.active_recorder()
+    copy = target.name == "cpu"  # host -> "device" must not alias; on npu CUDA's no-op rule holds
 
     def device_for(device: Any) -> Any:
         if device is None:
@@ -86,7 +94,7 @@ def _cuda_wrapper(target: Backend, dmap: DeviceMap, api: str, module: bool) -> A
                  memory_format: torch.memory_format = torch.preserve_format) -> torch.Tensor:
             _hit(recorder, api)
             return torch.Tensor.to(self, device_for(device), non_blocking=non_blocking,
-                                   memory_format=memory_format, copy=True)
+                                   memory_format=memory_format, copy=copy)
     return cuda
 
 
@@ -143,6 +151,25 @@ def _type_wrapper(original: Any, target: Backend) -> Any:
     return type_
 
 
+def _is_on_target(device_type: str) -> property:
+    """``Tensor.is_cuda`` for target tensors: torch's own ``is_<type>`` property where it has one.
+
+    ``is_cpu`` lives on ``torch._C.TensorBase``; a renamed privateuse1 backend gets its
+    ``is_npu`` on ``torch.Tensor`` (``generate_methods_for_privateuse1_backend``), and
+    torch_npu may put it on either. Without one, the device type is compared.
+    """
+    for owner in (torch._C.TensorBase, torch.Tensor):
+        found = inspect.getattr_static(owner, f"is_{device_type}", None)
+        getter = getattr(found, "__get__", None)
+        if getter is not None and not callable(found):  # a property or getset descriptor
+            return property(getter)
+
+    def is_target(self: torch.Tensor) -> bool:
+        return self.device.type == device_type
+
+    return property(is_target)
+
+
 def _pin_memory(original: Any) -> Any:
     def pin_memory(self: torch.Tensor, device: Any = None) -> torch.Tensor:
         out = self.clone()
@@ -191,8 +218,7 @@ def tensor_patches(target: Backend, dmap: DeviceMap) -> list[Patch]:
         Patch("torch:Tensor.type", PatchKind.REPLACE, "CUDA tensor type names for target tensors",
               make=lambda orig: _type_wrapper(orig, target), count_calls=False),
         Patch("torch:Tensor.is_cuda", PatchKind.REPLACE, "target tensors are CUDA tensors to the program",
-              replacement=property(getattr(torch._C.TensorBase, "is_cpu" if on_cpu else f"is_{target.device_type}").__get__),
-              api="torch.Tensor.is_cuda"),
+              replacement=_is_on_target(target.device_type), api="torch.Tensor.is_cuda"),
         Patch("torch.storage:_StorageBase.to", PatchKind.REPLACE, "storage moves onto the target",
               make=lambda orig: _storage_to(orig, dmap), count_calls=False),
         Patch("torch.storage:TypedStorage.to", PatchKind.REPLACE, "storage moves onto the target",

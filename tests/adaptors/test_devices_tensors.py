@@ -78,6 +78,60 @@ def test_tensor_cuda_is_a_copy(patched):
     assert dev.tolist() == [0.0, 1.0, 2.0, 3.0]
     assert host.cuda(1).tolist() == host.tolist()
     assert host.cuda(non_blocking=True).data_ptr() != host.data_ptr()
+    # "already on the device" cannot be told from "on the host" on this target: it stays a copy
+    assert dev.cuda() is not dev and dev.to("cuda") is not dev
+    assert dev.cuda().data_ptr() != dev.data_ptr()
+
+
+def test_legacy_cuda_tensor_types(patched):
+    uninitialised = torch.cuda.FloatTensor(2, 3)
+    assert uninitialised.shape == (2, 3) and uninitialised.dtype == torch.float32
+    longs = torch.cuda.LongTensor([1, 2])
+    assert longs.tolist() == [1, 2] and longs.dtype == torch.int64
+    assert torch.cuda.HalfTensor([0.5]).dtype == torch.float16
+    assert torch.cuda.FloatTensor().shape == (0,)
+    assert isinstance(uninitialised, torch.cuda.FloatTensor) and isinstance(longs, torch.cuda.LongTensor)
+    assert not isinstance(longs, torch.cuda.FloatTensor) and not isinstance(torch.ones(1, device="meta"),
+                                                                              torch.cuda.FloatTensor)
+    assert longs.type() == "torch.cuda.LongTensor"
+    assert torch.ones(1).type(torch.cuda.HalfTensor).dtype == torch.float16
+    assert torch.cuda.FloatTensor.dtype == torch.float32 and torch.cuda.FloatTensor.is_cuda
+
+
+def test_legacy_types_restored(cpu_settings):
+    import ascend_patch
+
+    before = {name: getattr(torch.cuda, name) for name in ("FloatTensor", "LongTensor", "BoolTensor")}
+    with ascend_patch.patched(cpu_settings):
+        assert all(getattr(torch.cuda, name) is not obj for name, obj in before.items())
+    assert all(getattr(torch.cuda, name) is obj for name, obj in before.items())
+    with pytest.raises((RuntimeError, TypeError, AssertionError)):
+        torch.cuda.FloatTensor(2)  # this torch has no CUDA: the legacy type is torch's own again
+
+
+def test_device_context_manager(patched):
+    with torch.device("cuda"):
+        made = torch.zeros(2)
+        layer = nn.Linear(2, 2)
+    assert made.device.type == "cpu" and made.tolist() == [0.0, 0.0] and layer.weight.device.type == "cpu"
+    with torch.device("cuda:1"):
+        assert torch.ones(1).device.type == "cpu"
+        assert torch.get_default_device().type == "cpu"
+    with torch.device("meta"):  # other devices are untouched
+        assert torch.zeros(1).is_meta
+
+
+def test_device_context_manager_restored(cpu_settings):
+    import ascend_patch
+    import torch.utils._device as torch_device
+
+    original = torch_device.DeviceContext.__init__
+    with ascend_patch.patched(cpu_settings):
+        assert torch_device.DeviceContext.__init__ is not original
+    assert torch_device.DeviceContext.__init__ is original
+    with pytest.raises((RuntimeError, AssertionError, NotImplementedError)):
+        with torch.device("cuda"):
+            torch.zeros(1)
 
 
 @pytest.mark.parametrize("move", [

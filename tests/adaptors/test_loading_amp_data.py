@@ -91,6 +91,30 @@ def test_custom_fwd_casts_on_the_target(patched):
     assert x.grad.tolist() == [2.0, 2.0, 2.0]
 
 
+def test_torch_cuda_amp_wrappers(patched):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+
+        class Twice(torch.autograd.Function):
+            @staticmethod
+            @torch.cuda.amp.custom_fwd(cast_inputs=torch.float32)
+            def forward(ctx, x):
+                return x * 2
+
+            @staticmethod
+            @torch.cuda.amp.custom_bwd
+            def backward(ctx, grad):
+                return grad * 2
+
+        x = torch.ones(2, device="cuda", dtype=torch.float16, requires_grad=True)
+        with torch.cuda.amp.autocast():
+            assert torch.is_autocast_enabled("cuda") and torch.get_autocast_gpu_dtype() == torch.float16
+            y = Twice.apply(x)
+        assert y.dtype == torch.float32 and y.tolist() == [2.0, 2.0]  # custom_fwd cast inside the region
+        y.sum().backward()
+        assert x.grad.tolist() == [2.0, 2.0]
+
+
 def test_grad_scaler_cuda(patched):
     model = nn.Linear(2, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -119,16 +143,63 @@ def test_dataloader_pin_memory(patched):
     assert batches == [[[0.0, 1.0], [2.0, 3.0]], [[4.0, 5.0]]]
 
 
-def test_backend_flags_stay_settable(patched):
-    old = (torch.backends.cudnn.benchmark, torch.backends.cuda.matmul.allow_tf32)
+@pytest.fixture
+def flags_only_plugins():
+    """A plugin manager holding only the TF32 -> HF32 flag patches (no device patches)."""
+    from ascend_patch import plugins
+    from ascend_patch.adaptors.backend_flags import backend_flag_patches
+    from ascend_patch.hookspec import hookimpl
+
+    class FlagsOnly:
+        @hookimpl
+        def ascend_patch_register_patches(self, registry, backend):
+            registry.extend(backend_flag_patches(backend))
+
+    pm = plugins.PluginManager(entry_points=False, builtins=False)
+    pm.register(FlagsOnly(), "flags", origin="test")
+    previous = plugins.reset_plugin_manager(pm)
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
     try:
-        torch.backends.cudnn.benchmark = True
-        torch.backends.cudnn.deterministic = True
-        torch.backends.cuda.matmul.allow_tf32 = True
-        assert torch.backends.cudnn.benchmark is True and torch.backends.cuda.matmul.allow_tf32 is True
+        yield saved
     finally:
-        torch.backends.cudnn.benchmark, torch.backends.cuda.matmul.allow_tf32 = old
-        torch.backends.cudnn.deterministic = False
+        import ascend_patch
+
+        ascend_patch.remove()
+        plugins.reset_plugin_manager(previous)
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def test_tf32_flags_drive_the_npu_hf32_switches(flags_only_plugins):
+    import ascend_patch
+    from ascend_patch.backend import Backend
+    from ascend_patch.config import Settings
+    from npu_double import FakeNpuModule
+
+    fake = FakeNpuModule()
+    npu = Backend("npu", "npu", "hccl", fake, keeps_index=True, reason="test double")
+    with ascend_patch.patched(Settings(device="npu"), backend=npu) as report:
+        assert sorted(s.patch.target for s in report.rows("applied")) == [
+            "torch.backends.cuda:cuBLASModule.__getattr__", "torch.backends.cuda:cuBLASModule.__setattr__",
+            "torch.backends.cudnn:CudnnModule.allow_tf32"]
+        assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == (False, True)
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = False
+        assert (fake.matmul.allow_hf32, fake.conv.allow_hf32) == (True, False)
+        fake.matmul.allow_hf32 = False
+        assert torch.backends.cuda.matmul.allow_tf32 is False
+        assert isinstance(torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction, bool)  # others: torch's
+    assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == flags_only_plugins
+    torch.backends.cuda.matmul.allow_tf32 = not flags_only_plugins[0]  # torch's own flag again
+    assert fake.matmul.allow_hf32 is False and torch.backends.cuda.matmul.allow_tf32 is not flags_only_plugins[0]
+
+
+def test_tf32_flags_are_left_alone_on_the_host_and_without_switches():
+    from ascend_patch.adaptors.backend_flags import backend_flag_patches
+    from ascend_patch.backend import Backend, cpu_backend
+
+    assert backend_flag_patches(cpu_backend()) == []  # the host has neither TF32 nor HF32
+    old_torch_npu = Backend("npu", "npu", "hccl", object(), keeps_index=True)
+    assert backend_flag_patches(old_torch_npu) == []  # a torch_npu without the switches: nothing to map
 
 
 def test_process_group_nccl_becomes_gloo(patched, tmp_path):
