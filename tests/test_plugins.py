@@ -78,11 +78,42 @@ def test_plugins_can_be_disabled_by_name(plugin_path):
     assert out.startswith("{}") and "'good'" not in out and "'device'" in out
 
 
+SKIPPY = '''
+from ascend_patch.hookspec import hookimpl
+from ascend_patch.patch import Patch, PatchKind
+
+@hookimpl
+def ascend_patch_register_patches(registry, backend):
+    registry.add(Patch("json:no_such_function", PatchKind.REPLACE, "a target that is not there", replacement=len))
+    registry.add(Patch("json:loads", PatchKind.REPLACE, "for an old pluggy only", replacement=len,
+                       package="pluggy", versions="<0.1"))
+'''
+
+
 def test_report_command_lists_patches(plugin_path):
+    import re
+
+    import pluggy
+
+    make_dist(plugin_path, "skippy-plugin", "ap_skippy_plugin", "skippy", SKIPPY)
     done = _run("""
         import sys
         from ascend_patch.cli import main
         sys.exit(main(["report", "--device", "cpu", "--applied"]))
     """, plugin_path)
-    assert "ascend_patch: target cpu" in done.stdout
-    assert "torch.cuda.set_device" in done.stdout and "json.dumps" in done.stdout and "good" in done.stdout
+    out = done.stdout
+    assert "ascend_patch: target cpu" in out
+
+    def row(patch, state, plugin, detail):
+        return re.search(rf"^{re.escape(patch)}\s+{state}\s+\S+\s+{plugin}\s+{re.escape(detail)}$", out, re.M)
+
+    assert row("json.dumps", "applied", "good", "third-party test patch"), out
+    assert row("torch.cuda.set_device", "applied", "device", "onto cpu's device module"), out
+    # deferred: megatron's patches wait for megatron to be imported
+    assert row("megatron.core.jit.jit_fuser (torch.compile)", "deferred", "megatron",
+               "waiting for import of megatron.core.jit"), out
+    # skipped, each with its reason
+    assert row("json.no_such_function", "skipped", "skippy", "target missing: json has no no_such_function"), out
+    assert row("json.loads", "skipped", "skippy", f"pluggy {pluggy.__version__} is outside the checked range <0.1"), out
+    summary = re.search(r"patches: (\d+) applied, (\d+) deferred, (\d+) skipped", out)
+    assert summary and int(summary.group(2)) >= 1 and int(summary.group(3)) >= 2, out

@@ -89,6 +89,12 @@ def test_memory_statistics_come_from_the_process(patched):
     assert stats["allocated_bytes.all.peak"] >= during
     nested = torch.cuda.memory_stats_as_nested_dict()
     assert nested["allocated_bytes"]["all"]["peak"] == stats["allocated_bytes.all.peak"]
+    assert torch.cuda.memory_allocated() < during - 200 * 1024**2  # the 256 MiB went back
+    torch.cuda.reset_peak_memory_stats()
+    peak = torch.cuda.max_memory_allocated()
+    assert peak < during - 200 * 1024**2  # the reset peak no longer holds the freed 256 MiB
+    assert peak >= torch.cuda.memory_allocated() - 16 * 1024**2
+    assert torch.cuda.memory_stats()["allocated_bytes.all.peak"] < during - 200 * 1024**2
     free, total = torch.cuda.mem_get_info()
     assert 0 < free <= total
     assert "current" in torch.cuda.memory_summary()

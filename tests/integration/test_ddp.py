@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from helpers import REPO, child_env
+from helpers import REPO, child_env, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -20,7 +20,7 @@ def test_ddp_gradients_equal_single_process(tmp_path):
 
     dump = tmp_path / "grads.pt"
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                "--master-port", "29533"]
+                "--master-port", str(free_port())]
     done = subprocess.run([*torchrun, "-m", "ascend_patch", os.path.join(REPO, "examples", "ddp_train.py"),
                            "--steps", "3", "--dump-grads", str(dump)],
                           capture_output=True, text=True, env=child_env(), timeout=600, cwd=tmp_path)
