@@ -110,3 +110,22 @@ def test_autoload_switch_patches_any_python_process(tmp_path):
     code = "import torch; print(torch.cuda.is_available())"
     assert _run([sys.executable, "-c", code], tmp_path, ASCEND_PATCH_AUTOLOAD="1").stdout.strip() == "True"
     assert _run([sys.executable, "-c", code], tmp_path).stdout.strip() == "False"
+
+
+def test_runner_maps_cuda_variables_before_torch_npu_is_imported(tmp_path):
+    """python -m ascend_patch on the npu target (the torch_npu test double): the runtime variables
+    are set before torch_npu is imported and before the auto probe counts devices."""
+    script = tmp_path / "show_env.py"
+    script.write_text(
+        "import os, torch, torch_npu\n"
+        "print(torch_npu.IMPORT_ENV['ASCEND_RT_VISIBLE_DEVICES'], torch.npu.visible_at_first_count,\n"
+        "      os.environ.get('ASCEND_RT_VISIBLE_DEVICES'), torch.zeros(1, device='cuda:1').device)\n")
+    double = os.path.join(REPO, "tests", "adaptors", "fake_torch_npu")
+    env = child_env(CUDA_VISIBLE_DEVICES="2,3")
+    env.pop("ASCEND_RT_VISIBLE_DEVICES", None)
+    env["PYTHONPATH"] = double + os.pathsep + env["PYTHONPATH"]
+    env.pop("ASCEND_PATCH", None)  # the default: enabled, auto
+    done = subprocess.run([sys.executable, "-m", "ascend_patch", str(script)], capture_output=True, text=True,
+                          cwd=tmp_path, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.stdout.split() == ["2,3", "2,3", "2,3", "npu:1"]
