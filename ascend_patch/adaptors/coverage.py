@@ -2,8 +2,10 @@
 
 ``ascend-patch report --markdown`` prints it; the doc is this output, so it cannot
 drift from what the code does. The cpu column is what this process applied; the
-npu column says what the same entry point becomes with torch_npu (the npu target
-was not run here: no NPU).
+npu column says what the same entry point becomes with torch_npu (checked with the
+torch_npu test double in tests/adaptors, not on an NPU). Entry points that only the
+npu target patches, and the CUDA environment variables, are added from the tables
+their adaptors use.
 """
 
 from __future__ import annotations
@@ -23,11 +25,39 @@ def _npu_column(target: str, backends: frozenset[str]) -> str:
     module, _, attr = target.partition(":")
     if "npu" not in backends:
         return "not patched: torch_npu's own behaviour"
+    from .legacy import legacy_type_names
+
+    if module == "torch.cuda" and attr in legacy_type_names():
+        return "the same adaptor, built on the current `npu:N`"
     if module == "torch.cuda" and not attr.startswith("_") and attr != "is_available":
         return f"`torch.npu.{attr}`, or raises UnsupportedOnTarget if torch_npu lacks it"
     if module == "torch.cuda.nvtx":
         return "profiler range (`torch.profiler.record_function`)"
     return "the same adaptor, onto `npu` / `npu:N`"
+
+
+def _rows_not_in_the_cpu_table() -> list[tuple[str, str, str]]:
+    """Entry points the cpu patch table cannot show: npu-only patches, environment variables, and
+    ``torch.cuda.amp``, which works through the autocast / GradScaler / custom_fwd patches."""
+    from ..backend import ENV_COUNTERPARTS
+    from .backend_flags import FLAG_COUNTERPARTS
+
+    rows = []
+    for flag, (group, switch) in FLAG_COUNTERPARTS.items():
+        rows.append((flag, "left alone: the host has neither TF32 nor HF32 (torch's own flag)",
+                     f"reads and sets `torch.npu.{group}.{switch}` (torch_npu's HF32 switch; no patch if "
+                     "torch_npu lacks it)"))
+    cpu_env = {"CUDA_VISIBLE_DEVICES": "read: its entries are the virtual devices `torch.cuda.device_count()` "
+                                       "presents"}
+    for cuda_name, npu_name in ENV_COUNTERPARTS.items():
+        rows.append((cuda_name, cpu_env.get(cuda_name, "ignored: the host has no CUDA runtime to configure"),
+                     f"copied to `{npu_name}` before torch_npu is imported (a value already set wins; "
+                     "`remove()` restores the environment)"))
+    rows.append(("torch.cuda.amp.autocast / GradScaler / custom_fwd / custom_bwd",
+                 "emulated: torch's wrappers call `torch.autocast('cuda')` / `GradScaler('cuda')` / "
+                 "`torch.amp.custom_fwd(device_type='cuda')`, which are patched (float16 default kept)",
+                 "the same adaptors, onto npu autocast"))
+    return rows
 
 
 def coverage_markdown(report: Report) -> str:
@@ -52,6 +82,7 @@ def coverage_markdown(report: Report) -> str:
         if patch.package and "npu" in patch.backends:
             npu = f"the same patch (checked against {patch.package} {patch.versions})"
         rows.append((patch.shown_as, cpu, npu))
+    rows.extend(_rows_not_in_the_cpu_table())
     lines = [
         "| CUDA entry point | cpu target | npu target |",
         "|---|---|---|",
