@@ -75,28 +75,30 @@ def _why(per_backend: dict[str, Any]) -> str:
     return "; ".join(f"{name}: {reason}" for name, reason in sorted(reasons.items()))
 
 
+def _is_jit(patch: Any) -> bool:
+    return bool(patch.api) and "jit_fuser" in patch.api
+
+
 def megatron_patch_markdown() -> str:
     """The markdown table of every megatron-core patch: target, owner, kind, targets, versions, reason."""
     from .jit import COMPILED_AT_IMPORT
 
-    rows: dict[tuple[str, ...], int] = {}
-    for target, per_backend in sorted(megatron_patches_by_target().items()):
+    rows: dict[str, tuple[str, ...]] = {}
+    for target, per_backend in megatron_patches_by_target().items():
         patch = next(iter(per_backend.values()))
         # the functions jit_fuser compiled at import share its row (their patches exist only when
         # megatron-core was imported before the patch, so listing them would depend on the process)
-        shown = patch.api if patch.api and "jit_fuser" in patch.api else target
+        key = "megatron.core.jit:jit_fuser" if _is_jit(patch) else target
         versions = f"{patch.package} {patch.versions}" if patch.versions else "any (a shim while the module is missing)"
-        row = (shown, patch.owner, patch.kind.value, ", ".join(sorted(per_backend)), versions, _why(per_backend))
-        rows[row] = rows.get(row, 0) + 1
+        rows[key] = (patch.owner, patch.kind.value, ", ".join(sorted(per_backend)), versions, _why(per_backend))
     lines = ["| patched (module:attribute) | plugin | kind | targets | checked against | why |",
              "|---|---|---|---|---|---|"]
-    for (shown, owner, kind, targets, versions, why), _ in rows.items():
-        if "jit_fuser" in shown:
-            shown = (f"`megatron.core.jit:jit_fuser`, and each of the {len(COMPILED_AT_IMPORT)} functions it "
-                     "compiled at import when megatron-core was imported first")
-        else:
-            shown = f"`{shown}`"
-        lines.append(f"| {shown} | {owner} | {kind} | {targets} | {versions} | {why} |")
+    for key in sorted(rows):
+        shown = f"`{key}`"
+        if key == "megatron.core.jit:jit_fuser":
+            shown += (f", and each of the {len(COMPILED_AT_IMPORT)} functions it compiled at import when "
+                      "megatron-core was imported first")
+        lines.append(f"| {shown} | " + " | ".join(rows[key]) + " |")
     return "\n".join(lines)
 
 
