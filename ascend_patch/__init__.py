@@ -59,6 +59,7 @@ def remove() -> None:
         from .adaptors.manager import manager
 
         manager.remove()
+    _drop_early_environ()
 
 
 @contextlib.contextmanager
@@ -109,11 +110,24 @@ def is_cuda_like(obj: Any) -> bool:
 # -- apply on import ------------------------------------------------------------------
 
 _auto_pending = False
+_early_environ: tuple[tuple[str, str | None], ...] = ()  # CUDA variables carried over at import (see below)
+
+
+def _drop_early_environ() -> None:
+    global _early_environ
+    if _early_environ:
+        from .backend import restore_environment
+
+        restore_environment(_early_environ)
+        _early_environ = ()
 
 
 def _apply_when_torch_imported(_module: Any) -> None:
     if _auto_pending:
         apply(_auto_settings)
+        backend = active_backend()
+        if backend is None or backend.name != "npu":
+            _drop_early_environ()
 
 
 def cancel_auto_apply() -> None:
@@ -129,6 +143,12 @@ if _auto_settings.enabled:
     if "torch" in sys.modules:
         apply(_auto_settings)
     else:
+        if _auto_settings.device != "cpu":
+            # `import torch` autoloads torch_npu, whose runtime reads ASCEND_RT_VISIBLE_DEVICES at once:
+            # carry CUDA_VISIBLE_DEVICES over now; undone if the target turns out not to be npu
+            from .backend import carry_over_environment
+
+            _early_environ = carry_over_environment()
         import wrapt
 
         wrapt.register_post_import_hook(_apply_when_torch_imported, "torch")

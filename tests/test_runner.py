@@ -129,3 +129,42 @@ def test_runner_maps_cuda_variables_before_torch_npu_is_imported(tmp_path):
                           cwd=tmp_path, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     assert done.stdout.split() == ["2,3", "2,3", "2,3", "npu:1"]
+
+
+def test_one_line_import_maps_cuda_variables_before_torch_autoloads_torch_npu(tmp_path):
+    """`import ascend_patch` before `import torch`: torch's device-backend autoload imports torch_npu
+    inside `import torch`, before any post-import hook runs; the variables must already be set."""
+    dist = tmp_path / "site" / "fake_torch_npu-0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: fake-torch-npu\nVersion: 0\n")
+    (dist / "entry_points.txt").write_text("[torch.backends]\ntorch_npu = torch_npu:_autoload\n")
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import ascend_patch\n"
+        "import os, sys, torch\n"
+        "torch_npu = sys.modules['torch_npu']  # autoloaded by import torch\n"
+        "print(torch_npu.IMPORT_ENV['ASCEND_RT_VISIBLE_DEVICES'], os.environ.get('ASCEND_RT_VISIBLE_DEVICES'),\n"
+        "      torch.zeros(1, device='cuda:1').device)\n")
+    double = os.path.join(REPO, "tests", "adaptors", "fake_torch_npu")
+    env = child_env(CUDA_VISIBLE_DEVICES="2,3")
+    env.pop("ASCEND_RT_VISIBLE_DEVICES", None)
+    env.pop("TORCH_DEVICE_BACKEND_AUTOLOAD", None)
+    env["PYTHONPATH"] = os.pathsep.join([double, str(tmp_path / "site"), env["PYTHONPATH"]])
+    env.pop("ASCEND_PATCH", None)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, env=env,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.stdout.split() == ["2,3", "2,3", "npu:1"]
+
+
+def test_one_line_import_leaves_the_environment_alone_off_npu(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("import ascend_patch, os, torch\n"
+                      "print(torch.zeros(1, device='cuda').device, os.environ.get('ASCEND_RT_VISIBLE_DEVICES'))\n")
+    env = child_env(CUDA_VISIBLE_DEVICES="2,3")
+    env.pop("ASCEND_RT_VISIBLE_DEVICES", None)
+    env.pop("ASCEND_PATCH", None)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, env=env,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.stdout.split() == ["cpu", "None"]  # auto chose cpu: the early copy was undone

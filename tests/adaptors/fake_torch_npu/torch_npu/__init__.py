@@ -52,3 +52,7 @@ class RecordingGenerator(torch.Generator):
 
 
 torch.Generator = RecordingGenerator
+
+
+def _autoload():
+    """torch's device-backend autoload entry point (``torch.backends`` group): importing did the work."""
