@@ -140,10 +140,7 @@ def source_from_hf_tensors(fmt: str, path: str, config: dict[str, Any], tensors:
     if cfg.tie_word_embeddings and "lm_head.weight" in tensors:
         ignorable.append("lm_head.weight")
         notes.append("the model ties its embeddings; the stored lm_head.weight copy is not used")
-    window = config.get("sliding_window")
-    if window and (config.get("use_sliding_window", True)) and int(window) < cfg.max_position_embeddings:
-        notes.append(f"sliding_window={window} is not represented in megatron-core's GPT layer: sequences longer "
-                     "than the window will attend differently")
+    notes += cfg.notes  # what config.json asks for that the megatron-core model will not do (sliding window)
     found = {k: v.shape for k, v in tensors.items()}
     if not wrong_format:  # else every tensor would be "missing" or "unexpected": only the symptom
         problems += check_tensors(expected, found, f"{path}", ignorable)

@@ -174,6 +174,8 @@ def _cmd_args(ns: argparse.Namespace) -> int:
             print(f"the {len(_parse_argv(check))} given arguments agree with {ns.hf_config}")
         return 1 if problems else 0
     print(format_args(mc, spec, ns.format, ns.tensor_model_parallel_size, ns.make_vocab_size_divisible_by))
+    for note in mc.notes:  # stderr: the arguments on stdout stay usable as they are (--format argv)
+        print(f"note: {note}", file=sys.stderr)
     return 0
 
 

@@ -74,3 +74,15 @@ def test_the_converter_still_reads_every_weight_and_notes_the_window(tmp_path):
     assert set(source.tensors) == set(source.weight_map.hf_tensors())  # every weight converts
     assert source.config.sliding_window == 16
     assert any("sliding_window=16" in n for n in source.notes)
+
+
+def test_args_command_prints_the_note_on_stderr(tmp_path, capsys):
+    import json
+
+    from ascend_patch.cli import main
+
+    (tmp_path / "config.json").write_text(json.dumps(MISTRAL_V01))
+    assert main(["args", "--hf-config", str(tmp_path), "--format", "argv"]) == 0
+    out, err = capsys.readouterr()
+    assert "--num-layers" in out and "sliding_window" not in out  # stdout stays a usable argument list
+    assert err.startswith("note: config.json enables sliding-window attention (sliding_window=4096")
