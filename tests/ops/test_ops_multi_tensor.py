@@ -246,3 +246,15 @@ def test_appliers():
     assert MT.te_multi_tensor_applier(lambda *a: 1, flag(), [[torch.ones(0)]]) is None
     with pytest.raises(RuntimeError, match="aligned"):
         MT.te_multi_tensor_applier(lambda *a: 1, flag(), [[torch.ones(1)], []])
+
+
+def test_copy_at_scale_one_whose_sum_overflows_is_not_flagged():
+    """Huge but finite values: the cheap first check (a sum) overflows; the exact check must clear them."""
+    big = [torch.full((1000,), 3e38), torch.full((7,), -3e38)]
+    outs = [torch.empty_like(t) for t in big]
+    noop = flag()
+    MT.multi_tensor_scale(2048, noop, [big, outs], 1.0)
+    assert noop.item() == 0 and all(torch.equal(i, o) for i, o in zip(big, outs))
+    big[1][3] = math.nan
+    MT.multi_tensor_scale(2048, noop, [big, outs], 1.0)
+    assert noop.item() == 1
