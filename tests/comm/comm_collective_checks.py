@@ -221,30 +221,34 @@ CHECKS = [check_all_reduce, check_all_gather_into_tensor, check_reduce_scatter_t
           check_float8, check_subgroups]
 
 
-def _stacked_gather(rank: int, world: int) -> None:
-    dist.all_gather_into_tensor(torch.empty(world, 2), torch.ones(2))
+# Each gap is tried in a process group of its own: gloo reports some of these failures only when
+# a later call on the same group waits (a barrier waits for the group's earlier work), which
+# would make the default group's barrier fail on one rank and hang on the other.
+
+def _stacked_gather(rank: int, world: int, group) -> None:
+    dist.all_gather_into_tensor(torch.empty(world, 2), torch.ones(2), group=group)
 
 
-def _stacked_scatter(rank: int, world: int) -> None:
-    dist.reduce_scatter_tensor(torch.empty(2), torch.ones(world, 2))
+def _stacked_scatter(rank: int, world: int, group) -> None:
+    dist.reduce_scatter_tensor(torch.empty(2), torch.ones(world, 2), group=group)
 
 
-def _uneven_gather(rank: int, world: int) -> None:
-    dist.all_gather([torch.empty(r + 1) for r in range(world)], torch.ones(rank + 1))
+def _uneven_gather(rank: int, world: int, group) -> None:
+    dist.all_gather([torch.empty(r + 1) for r in range(world)], torch.ones(rank + 1), group=group)
 
 
-def _mixed_coalesced(rank: int, world: int) -> None:
-    with dist._coalescing_manager():
-        dist.all_reduce(torch.ones(2))
-        dist.all_reduce(torch.ones(2, dtype=torch.bfloat16))
+def _mixed_coalesced(rank: int, world: int, group) -> None:
+    with dist._coalescing_manager(group=group):
+        dist.all_reduce(torch.ones(2), group=group)
+        dist.all_reduce(torch.ones(2, dtype=torch.bfloat16), group=group)
 
 
-def _premul(rank: int, world: int) -> None:
-    dist.all_reduce(torch.ones(2), op=dist._make_nccl_premul_sum(0.5))
+def _premul(rank: int, world: int, group) -> None:
+    dist.all_reduce(torch.ones(2), op=dist._make_nccl_premul_sum(0.5), group=group)
 
 
-def _float8(rank: int, world: int) -> None:
-    dist.broadcast(torch.ones(2, dtype=F8), src=0)
+def _float8(rank: int, world: int, group) -> None:
+    dist.broadcast(torch.ones(2, dtype=F8), src=0, group=group)
 
 
 GAPS = [("stacked all_gather_into_tensor", _stacked_gather), ("stacked reduce_scatter_tensor", _stacked_scatter),
