@@ -6,7 +6,8 @@
   off instead of warning on every loader.
 * ``nn.DataParallel``: torch's own device-type probe answers the target, so on cpu
   DataParallel runs the module directly, as torch does on a machine without GPUs.
-* ``torch.set_default_device("cuda")`` sets the target.
+* ``torch.set_default_device("cuda")`` sets the target through torch's ``DeviceContext``,
+  which :mod:`.legacy` translates (one patch serves it and ``with torch.device(...)``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from typing import Any
 
 from ..backend import Backend
 from ..patch import Action, Patch, PatchKind
-from ..devices import DeviceMap
 from ..usage import note
 
 __all__ = ["data_patches"]
@@ -41,19 +41,12 @@ def _dataloader_init(original: Any, on_cpu: bool) -> Any:
     return __init__
 
 
-def data_patches(target: Backend, dmap: DeviceMap) -> list[Patch]:
+def data_patches(target: Backend) -> list[Patch]:
     on_cpu = target.name == "cpu"
     device_type = None if on_cpu else target.device_type
 
     def available_device_type() -> str | None:
         return device_type
-
-    def set_default_device(original: Any) -> Any:
-        def set_default(device: Any) -> None:
-            original(dmap(device))
-
-        set_default.__wrapped__ = original  # type: ignore[attr-defined]
-        return set_default
 
     return [
         Patch("torch.utils.data.dataloader:DataLoader.__init__", PatchKind.REPLACE,
@@ -62,6 +55,4 @@ def data_patches(target: Backend, dmap: DeviceMap) -> list[Patch]:
         Patch("torch._utils:_get_available_device_type", PatchKind.REPLACE,
               "torch's accelerator probe (DataParallel) answers the target", replacement=available_device_type,
               action=Action.EMULATED, count_calls=False),
-        Patch("torch:set_default_device", PatchKind.REPLACE, "the default device becomes the target",
-              make=set_default_device, api="torch.set_default_device"),
     ]

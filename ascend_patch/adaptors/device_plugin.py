@@ -24,7 +24,7 @@ def ascend_patch_register_patches(registry: Any, backend: Any) -> None:
     registry.extend(loading.load_patches(dmap))
     registry.extend(generator.generator_patches(dmap))
     registry.extend(amp.amp_patches(backend, dmap))
-    registry.extend(data.data_patches(backend, dmap))
+    registry.extend(data.data_patches(backend))
     registry.extend(processes.process_patches(settings))
     registry.extend(legacy.legacy_patches(backend, dmap))
     registry.extend(backend_flags.backend_flag_patches(backend))
