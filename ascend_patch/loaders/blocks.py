@@ -18,17 +18,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..dtypes import itemsize, torch_dtype
 from ..models.weightmap import Piece, TensorPlan
 
 if TYPE_CHECKING:
     from .formats import TensorInfo
 
 __all__ = [
-    "DTYPE_NAMES",
-    "itemsize",
     "raw_dtype",
-    "dtype_name",
-    "torch_dtype",
     "to_raw",
     "raw_to_torch",
     "cast_raw",
@@ -40,13 +37,6 @@ __all__ = [
     "copy_through",
 ]
 
-# canonical names (torch's) -> (itemsize, safetensors code)
-DTYPE_NAMES: dict[str, tuple[int, str]] = {
-    "float32": (4, "F32"), "bfloat16": (2, "BF16"), "float16": (2, "F16"), "float64": (8, "F64"),
-    "int64": (8, "I64"), "int32": (4, "I32"), "int16": (2, "I16"), "int8": (1, "I8"), "uint8": (1, "U8"),
-    "bool": (1, "BOOL"),
-}
-SHORT = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 _RAW = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
@@ -54,28 +44,9 @@ class CorruptCheckpoint(ValueError):
     """A checkpoint file that is truncated, malformed, or not what its header says."""
 
 
-def itemsize(dtype: str) -> int:
-    try:
-        return DTYPE_NAMES[dtype][0]
-    except KeyError:
-        raise ValueError(f"unsupported tensor dtype {dtype!r}") from None
-
-
 def raw_dtype(dtype: str) -> Any:
     """The unsigned integer numpy dtype of the same width (bf16 -> uint16)."""
     return _RAW[itemsize(dtype)]
-
-
-def dtype_name(dtype: object) -> str:
-    """torch.bfloat16 / "bf16" / "torch.bfloat16" -> "bfloat16"."""
-    text = str(dtype).replace("torch.", "")
-    return SHORT.get(text, text)
-
-
-def torch_dtype(name: str) -> Any:
-    import torch
-
-    return getattr(torch, SHORT.get(name, name))
 
 
 def to_raw(value: Any, dtype: str) -> np.ndarray:

@@ -13,6 +13,8 @@ import argparse
 import sys
 from typing import Any
 
+from ..dtypes import SHORT_NAMES
+
 __all__ = ["register", "options_from_args", "run_convert", "run_verify"]
 
 
@@ -56,7 +58,7 @@ def add_convert_arguments(p: argparse.ArgumentParser) -> None:
                      "the source's for mg -> mg)")
 
     misc = p.add_argument_group("dtype, vocabulary, output")
-    misc.add_argument("--params-dtype", default=None, choices=("fp32", "bf16", "fp16"),
+    misc.add_argument("--params-dtype", default=None, choices=tuple(SHORT_NAMES),
                       help="dtype of the written tensors (default: the source's)")
     misc.add_argument("--true-vocab-size", "--vocab-size", dest="true_vocab_size", type=int, default=None,
                       help="the unpadded vocabulary, for Megatron checkpoints that do not record it")

@@ -27,7 +27,8 @@ from typing import Any
 import numpy as np
 
 from ..models.weightmap import LayoutError, Piece, TensorPlan, compose
-from .blocks import BlockFiller, itemsize, raw_dtype, row_blocks
+from ..dtypes import itemsize
+from .blocks import BlockFiller, raw_dtype, row_blocks
 from .formats import ConvertOptions, SourceCheckpoint, TargetFile, TargetPlan, get_format_registry
 from .parallel_write import default_workers, write_groups
 from .torch_zip import PAGE

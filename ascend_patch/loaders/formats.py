@@ -69,7 +69,7 @@ class TensorInfo:
 
     @property
     def nbytes(self) -> int:
-        from .blocks import itemsize
+        from ..dtypes import itemsize
 
         n = 1
         for s in self.shape:
@@ -139,7 +139,7 @@ class TargetFile:
 
     @property
     def nbytes(self) -> int:
-        from .blocks import itemsize
+        from ..dtypes import itemsize
 
         total = 0
         for t in self.tensors:

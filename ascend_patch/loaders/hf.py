@@ -18,7 +18,8 @@ from typing import Any
 
 from ..models.hf_config import ModelConfig, read_config_json
 from ..models.weightmap import Piece, TensorPlan
-from .blocks import CorruptCheckpoint, dtype_name
+from ..dtypes import canonical, itemsize
+from .blocks import CorruptCheckpoint
 from .formats import (CheckpointLoader, CheckpointSaver, ConvertOptions, SourceCheckpoint, TargetFile, TargetPlan,
                       TensorInfo)
 from .preflight import Problem, check_tensors
@@ -220,13 +221,11 @@ class HFSaver(CheckpointSaver):
     loader = "hf"
 
     def plan(self, source: SourceCheckpoint, options: ConvertOptions) -> TargetPlan:
-        dtype = dtype_name(options.params_dtype) if options.params_dtype else source.dtype
+        dtype = canonical(options.params_dtype) if options.params_dtype else source.dtype
         problems = own_format_problems(source.spec, self.name, "saver")
         if problems:
             return TargetPlan(files=[], problems=problems)
         tensors = self.tensor_plans(source)
-        from .blocks import itemsize
-
         limit = max(1, options.max_shard_size)
         shards: list[list[TensorPlan]] = [[]]
         size = 0

@@ -19,7 +19,8 @@ from typing import Any
 
 from ..models.vocab import padded_vocab_size
 from ..models.weightmap import ExtraState, LayoutError, ShardLayout, TensorPlan, coverage_gaps, invert
-from .blocks import CorruptCheckpoint, dtype_name
+from ..dtypes import canonical as canonical_dtype
+from .blocks import CorruptCheckpoint
 from .formats import CheckpointLoader, CheckpointSaver, ConvertOptions, SourceCheckpoint, TargetFile, TargetPlan
 from .megatron_args import build_args, config_from_args
 from .preflight import Problem, check_pipeline_split, check_tensor_split, check_tensors, check_vocab
@@ -243,7 +244,7 @@ class MegatronSaver(CheckpointSaver):
             return TargetPlan(files=[], problems=problems)
         layout = ShardLayout.build(cfg.num_layers, tp, pp, vpp, options.num_layer_list)
         padded = padded_vocab_size(cfg.vocab_size, options.make_vocab_size_divisible_by, tp)
-        dtype = dtype_name(options.params_dtype) if options.params_dtype else source.dtype
+        dtype = canonical_dtype(options.params_dtype) if options.params_dtype else source.dtype
         iteration: int | str = options.iteration if options.iteration is not None else (
             source.iteration if source.format == "mg" and source.iteration is not None else 1)
         args = build_args(cfg, layout, padded_vocab=padded, divisor=options.make_vocab_size_divisible_by,

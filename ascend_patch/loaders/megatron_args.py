@@ -14,7 +14,7 @@ from typing import Any
 
 from ..models.hf_config import ModelConfig
 from ..models.weightmap import ShardLayout
-from .blocks import dtype_name
+from ..dtypes import FLOATING, short_name
 
 __all__ = ["build_args", "config_from_args", "ArgsMismatch"]
 
@@ -28,7 +28,7 @@ def build_args(cfg: ModelConfig, layout: ShardLayout, *, padded_vocab: int, divi
     """The ``args`` to store in every rank file (``params_dtype`` pickles as ``torch.<dtype>``)."""
     from .torch_zip import TORCH_DTYPES
 
-    params_dtype = TORCH_DTYPES[dtype if dtype in ("bfloat16", "float16") else "float32"]
+    params_dtype = TORCH_DTYPES[dtype if dtype in FLOATING else "float32"]
     vpp = layout.vpp if layout.vpp > 1 else None
     return argparse.Namespace(
         model_type="GPT", use_legacy_models=False, use_mcore_models=True, ckpt_format="torch",
@@ -77,7 +77,7 @@ def config_from_args(args: Any, family: str, vocab_size: int | None, base: Mappi
     dtype = _get(args, "params_dtype")
     if dtype is None:
         dtype = "bfloat16" if _get(args, "bf16") else "float16" if _get(args, "fp16") else "float32"
-    short = {"bfloat16": "bf16", "float16": "fp16"}.get(dtype_name(dtype), "fp32")
+    short = short_name(dtype, default="fp32")
     norm = str(_get(args, "normalization", "LayerNorm"))
     padded = _get(args, "padded_vocab_size")
     vocab = vocab_size or _get(args, "vocab_size") or padded

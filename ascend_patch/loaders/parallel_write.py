@@ -27,7 +27,8 @@ from typing import Any
 import numpy as np
 
 from ..models.weightmap import TensorPlan
-from .blocks import BlockFiller, FileCache, itemsize
+from ..dtypes import itemsize
+from .blocks import BlockFiller, FileCache
 from .formats import TargetFile
 
 __all__ = ["UNIT_BYTES", "default_workers", "write_groups", "units"]

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..dtypes import FLOATING, SHORT_NAMES
 from ..comm.preflight import (
     CONVERT_FLAGS,
     divisors,
@@ -116,7 +117,7 @@ def check_vocab(vocab_size: int, divisor: int, tp: int, padded: int | None = Non
     return problems
 
 
-DTYPE_CHOICES = ("fp32", "bf16", "fp16", "float32", "bfloat16", "float16")
+DTYPE_CHOICES = (*SHORT_NAMES, *FLOATING)
 
 
 def check_dtype(requested: str | None, source: str) -> list[Problem]:
@@ -125,7 +126,7 @@ def check_dtype(requested: str | None, source: str) -> list[Problem]:
     if requested is not None and requested not in DTYPE_CHOICES:
         problems.append(Problem("dtype", f"--params-dtype {requested!r} is not a dtype the converter writes",
                                 "use fp32, bf16 or fp16"))
-    if source not in ("float32", "bfloat16", "float16"):
+    if source not in FLOATING:
         problems.append(Problem("dtype-source", f"the checkpoint's tensors are {source}, not a floating dtype the "
                                 "converter handles", "convert them to fp32/bf16/fp16 first"))
     return problems

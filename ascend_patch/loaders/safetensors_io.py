@@ -13,12 +13,12 @@ import os
 import struct
 from collections.abc import Iterable, Mapping
 
-from .blocks import DTYPE_NAMES, CorruptCheckpoint, itemsize
+from ..dtypes import DTYPES, from_safetensors, itemsize
+from .blocks import CorruptCheckpoint
 from .formats import TensorInfo
 
-__all__ = ["read_safetensors_index", "SafetensorsWriter", "ST_TO_DTYPE"]
+__all__ = ["read_safetensors_index", "SafetensorsWriter"]
 
-ST_TO_DTYPE = {code: name for name, (_, code) in DTYPE_NAMES.items()}
 _MAX_HEADER = 100 * 1024 * 1024
 
 
@@ -59,7 +59,7 @@ def read_safetensors_index(path: str) -> tuple[dict[str, TensorInfo], dict[str, 
             code, shape, (begin, end) = entry["dtype"], tuple(int(s) for s in entry["shape"]), entry["data_offsets"]
         except (KeyError, TypeError, ValueError):
             raise CorruptCheckpoint(f"{path}: header entry for {key!r} is malformed: {entry!r}") from None
-        dtype = ST_TO_DTYPE.get(code)
+        dtype = from_safetensors(code)
         if dtype is None:
             raise CorruptCheckpoint(f"{path}: tensor {key!r} has dtype {code}, which the converter does not handle")
         n = 1
@@ -90,7 +90,7 @@ class SafetensorsWriter:
             for s in shape:
                 n *= s
             nbytes = n * itemsize(dtype)
-            header[key] = {"dtype": DTYPE_NAMES[dtype][1], "shape": list(shape), "data_offsets": [pos, pos + nbytes]}
+            header[key] = {"dtype": DTYPES[dtype].safetensors, "shape": list(shape), "data_offsets": [pos, pos + nbytes]}
             layout.append((key, pos, nbytes))
             pos += nbytes
         blob = json.dumps(header, separators=(",", ":")).encode()

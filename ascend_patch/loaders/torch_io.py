@@ -20,7 +20,8 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from .blocks import CorruptCheckpoint, dtype_name, itemsize
+from ..dtypes import canonical, itemsize
+from .blocks import CorruptCheckpoint
 from .formats import TensorInfo
 
 __all__ = [
@@ -150,7 +151,7 @@ def tensor_infos(obj: Mapping[str, Any], path: str) -> Iterator[tuple[str, Tenso
         base = getattr(storage, "_checkpoint_offset", None)
         if base is None:
             raise CorruptCheckpoint(f"{path}: tensor {key!r} has no recorded file offset")
-        dtype = dtype_name(value.dtype)
+        dtype = canonical(value.dtype)
         offset = base + value.storage_offset() * itemsize(dtype)
         shape = tuple(value.shape)
         stride = tuple(value.stride())

@@ -32,14 +32,13 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..dtypes import DTYPES, itemsize
+
 __all__ = ["Slot", "TorchGlobal", "TORCH_DTYPES", "TorchZipWriter", "ZIP64_LIMIT"]
 
 ALIGN = 64
 PAGE = 4096
 ZIP64_LIMIT = 0xFFFFFFFF  # sizes / offsets at or above this need zip64 records
-_STORAGE = {"float32": "FloatStorage", "bfloat16": "BFloat16Storage", "float16": "HalfStorage",
-            "float64": "DoubleStorage", "int64": "LongStorage", "int32": "IntStorage", "int16": "ShortStorage",
-            "int8": "CharStorage", "uint8": "ByteStorage", "bool": "BoolStorage"}
 
 
 @dataclass(frozen=True)
@@ -53,7 +52,7 @@ class TorchGlobal:
         raise TypeError(f"{self.module}.{self.name} is only a reference for pickling")
 
 
-TORCH_DTYPES = {name: TorchGlobal("torch", name) for name in _STORAGE}
+TORCH_DTYPES = {name: TorchGlobal("torch", name) for name in DTYPES}
 
 
 @dataclass(frozen=True)
@@ -88,7 +87,7 @@ class _TensorReduce:
 class _Pickler(pickle._Pickler):  # the pure-Python pickler lets save() be extended
     def persistent_id(self, obj: Any) -> Any:
         if isinstance(obj, _StorageRef):
-            return ("storage", TorchGlobal("torch", _STORAGE[obj.dtype]), obj.key, "cpu", obj.numel)
+            return ("storage", TorchGlobal("torch", DTYPES[obj.dtype].storage), obj.key, "cpu", obj.numel)
         return None
 
     def save(self, obj: Any, save_persistent_id: bool = True) -> None:
@@ -103,12 +102,6 @@ def _numel(shape: tuple[int, ...]) -> int:
     for s in shape:
         n *= s
     return n
-
-
-def _itemsize(dtype: str) -> int:
-    from .blocks import itemsize
-
-    return itemsize(dtype)
 
 
 def _slots(obj: Any) -> Iterator[Slot]:
@@ -171,7 +164,7 @@ class TorchZipWriter:
         entries: list[_Entry] = [_Entry(f"{archive}/{name}", len(data)) for name, data in small]
         self.sizes: dict[str, int] = {}
         for slot in slots:
-            nbytes = _numel(slot.shape) * _itemsize(slot.dtype)
+            nbytes = _numel(slot.shape) * itemsize(slot.dtype)
             self.sizes[slot.sid] = nbytes
             entries.append(_Entry(f"{archive}/data/{keys[slot.sid]}", nbytes))
         tail = [("version", b"3\n")]
@@ -179,7 +172,7 @@ class TorchZipWriter:
         payload = {f"{archive}/{name}": data for name, data in small + tail}
 
         residue = {e.name: page_offsets[slot.sid] % PAGE for slot, e in zip(slots, entries[len(small):])
-                   if slot.sid in page_offsets and page_offsets[slot.sid] % _itemsize(slot.dtype) == 0}
+                   if slot.sid in page_offsets and page_offsets[slot.sid] % itemsize(slot.dtype) == 0}
         pos = 0
         for e in entries:
             e.header_offset = pos

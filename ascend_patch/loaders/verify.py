@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..models.weightmap import LayoutError, TensorPlan, compose
-from .blocks import BlockFiller, FileCache, itemsize, raw_to_torch, row_blocks
+from ..dtypes import itemsize
+from .blocks import BlockFiller, FileCache, raw_to_torch, row_blocks
 from .formats import ConvertOptions, SourceCheckpoint, get_format_registry
 from .preflight import Problem
 

@@ -16,6 +16,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from ..dtypes import DTYPES, SHORT_NAMES
 from .hf_config import ModelConfig, read_config_json
 
 __all__ = ["disagreements", "format_args", "model_config_from_path", "register"]
@@ -109,7 +110,8 @@ def _spec_problems(value: Any, serving: str) -> list[str]:
     return []
 
 
-_PRECISION = {"bf16": "bfloat16", "fp16": "float16"}
+# the half precisions, by their Megatron flag: a model saved in one overflows or loses range in the other
+_PRECISION = {short: name for short, name in SHORT_NAMES.items() if DTYPES[name].itemsize == 2}
 
 
 def _precision_problems(mc: ModelConfig, given: dict[str, Any]) -> list[str]:

@@ -19,10 +19,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["ModelConfig", "ConfigMismatch", "load_hf_config", "read_config_json", "sliding_window", "DTYPES"]
+from ..dtypes import short_name
 
-DTYPES = {"float32": "fp32", "float": "fp32", "fp32": "fp32", "bfloat16": "bf16", "bf16": "bf16",
-          "float16": "fp16", "half": "fp16", "fp16": "fp16"}
+__all__ = ["ModelConfig", "ConfigMismatch", "load_hf_config", "read_config_json", "sliding_window"]
 
 
 class ConfigMismatch(ValueError):
@@ -182,7 +181,7 @@ def rope_settings(cfg: Mapping[str, Any]) -> tuple[float, dict[str, Any] | None]
 
 def params_dtype(cfg: Mapping[str, Any]) -> str:
     raw = cfg.get("dtype", cfg.get("torch_dtype")) or "float32"
-    return DTYPES.get(str(raw).replace("torch.", ""), "fp32")
+    return short_name(raw, default="fp32")
 
 
 def sliding_window(cfg: Mapping[str, Any]) -> int | None:

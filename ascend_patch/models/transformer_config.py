@@ -14,12 +14,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..dtypes import SHORT_NAMES
 from .hf_config import ConfigMismatch, ModelConfig
 from .vocab import padded_vocab_size
 
 __all__ = ["transformer_config_kwargs", "transformer_config", "gpt_model_kwargs", "rope_scaling_kwargs"]
 
-_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 # megatron-core's RoPE scaling is Llama 3.x's with these constants fixed (only the factor is free)
 _LLAMA3_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 
@@ -46,9 +46,9 @@ def transformer_config_kwargs(mc: ModelConfig, dtype: str | None = None, **overr
         warnings.warn(note, UserWarning, stacklevel=2)
 
     dtype = dtype or mc.params_dtype
-    if dtype not in _DTYPES:
-        raise ValueError(f"dtype {dtype!r}: use one of {', '.join(_DTYPES)}")
-    params_dtype = getattr(torch, _DTYPES[dtype])
+    if dtype not in SHORT_NAMES:
+        raise ValueError(f"dtype {dtype!r}: use one of {', '.join(SHORT_NAMES)}")
+    params_dtype = getattr(torch, SHORT_NAMES[dtype])
     hidden_dropout, attention_dropout = _dropouts(mc)
     kwargs: dict[str, Any] = dict(
         num_layers=mc.num_layers,
