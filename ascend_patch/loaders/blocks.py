@@ -11,6 +11,7 @@ written with ``os.pwrite``. Casting (fp32 -> bf16, ...) is the only step that im
 
 from __future__ import annotations
 
+import math
 import os
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
@@ -156,13 +157,6 @@ def _contiguous(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
     return True
 
 
-def _volume(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
-
-
 class BlockFiller:
     """Fills output blocks (raw numpy arrays) from pieces of source tensors."""
 
@@ -201,7 +195,7 @@ class BlockFiller:
         size = itemsize(info.dtype)
         fd = self.files.fd(info.path)
         if self._plain(info):
-            row = _volume(shape[1:]) * size
+            row = math.prod(shape[1:]) * size
             _pread_into(fd, memoryview(out.reshape(-1).view(np.uint8)), info.offset + start * row, info.path)
             return out
         # A strided view inside a larger storage: read the span it touches, then gather.
@@ -238,7 +232,7 @@ class BlockFiller:
             part = piece.rows(start, stop)
             if part is None:
                 continue
-            covered += _volume(part.size)
+            covered += math.prod(part.size)
             region = out[tuple(slice(b - (start if k == 0 else 0), b - (start if k == 0 else 0) + n)
                                for k, (b, n) in enumerate(zip(part.dst_start, part.size)))]
             if part.src is None:
@@ -249,7 +243,7 @@ class BlockFiller:
             rows = self.read_rows(part.src, r0, r0 + n0)
             sub = rows[(slice(None), *(slice(s, s + n) for s, n in zip(part.src_start[1:], part.size[1:])))]
             region[...] = sub if info.dtype == dtype else cast_raw(np.ascontiguousarray(sub), info.dtype, dtype)
-        expected = (stop - start) * _volume(plan.shape[1:])
+        expected = (stop - start) * math.prod(plan.shape[1:])
         if covered != expected:
             raise AssertionError(f"pieces of {plan.key} cover {covered} of {expected} elements in rows "
                                  f"{start}..{stop}; the weight map is inconsistent")

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import signal
@@ -196,9 +197,7 @@ def _write_tensor(filler: BlockFiller, writer: Any, tensor: TensorPlan, dtype: s
     shape = tensor.shape or (1,)
     if not tensor.shape:
         tensor = TensorPlan(tensor.key, (1,), tuple(Piece(p.src, (0,), (0,), (1,)) for p in tensor.pieces))
-    row_bytes = itemsize(dtype)
-    for s in shape[1:]:
-        row_bytes *= s
+    row_bytes = itemsize(dtype) * math.prod(shape[1:])
     direct = filler.direct(tensor, dtype)
     if direct is not None:  # whole rows, same dtype: file to file, never through this process
         done = 0
@@ -247,9 +246,7 @@ def _page_offsets(filler: BlockFiller, target: TargetFile) -> dict[str, int]:
         direct = filler.direct(tensor, target.dtype) if tensor.shape else None
         if not direct:
             continue
-        row_bytes = itemsize(target.dtype)
-        for s in tensor.shape[1:]:
-            row_bytes *= s
+        row_bytes = itemsize(target.dtype) * math.prod(tensor.shape[1:])
         piece, info = max(direct, key=lambda d: d[0].size[0])
         if info is not None:
             out[tensor.key] = (info.offset + (piece.src_start[0] - piece.dst_start[0]) * row_bytes) % PAGE

@@ -16,6 +16,7 @@ way. Names and aliases are unique across plugins; an unknown name lists the know
 
 from __future__ import annotations
 
+import math
 import abc
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -71,10 +72,7 @@ class TensorInfo:
     def nbytes(self) -> int:
         from ..dtypes import itemsize
 
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n * itemsize(self.dtype)
+        return math.prod(self.shape) * itemsize(self.dtype)
 
 
 @dataclass
@@ -141,13 +139,7 @@ class TargetFile:
     def nbytes(self) -> int:
         from ..dtypes import itemsize
 
-        total = 0
-        for t in self.tensors:
-            n = 1
-            for s in t.shape:
-                n *= s
-            total += n * itemsize(self.dtype)
-        return total
+        return sum(math.prod(t.shape) for t in self.tensors) * itemsize(self.dtype)
 
 
 @dataclass

@@ -10,6 +10,7 @@ Reading also accepts ``pytorch_model.bin`` (and its index) through the weights-o
 
 from __future__ import annotations
 
+import math
 import glob
 import json
 import os
@@ -230,9 +231,7 @@ class HFSaver(CheckpointSaver):
         shards: list[list[TensorPlan]] = [[]]
         size = 0
         for t in tensors:
-            n = itemsize(dtype)
-            for s in t.shape:
-                n *= s
+            n = itemsize(dtype) * math.prod(t.shape)
             if shards[-1] and size + n > limit:
                 shards.append([])
                 size = 0

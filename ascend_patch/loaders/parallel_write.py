@@ -17,6 +17,7 @@ workers stop after their current tensor and every open writer is aborted.
 
 from __future__ import annotations
 
+import math
 import os
 import queue
 import signal
@@ -47,10 +48,7 @@ def default_workers() -> int:
 
 
 def _tensor_bytes(plan: TensorPlan, dtype: str) -> int:
-    n = itemsize(dtype)
-    for s in plan.shape:
-        n *= s
-    return n
+    return itemsize(dtype) * math.prod(plan.shape)
 
 
 def units(groups: list[list[TargetFile]], unit_bytes: int | None = None) -> list[tuple[int, int, int]]:

@@ -8,6 +8,7 @@ read later, per block, only where it is needed. Writing lays the header out firs
 
 from __future__ import annotations
 
+import math
 import json
 import os
 import struct
@@ -62,10 +63,7 @@ def read_safetensors_index(path: str) -> tuple[dict[str, TensorInfo], dict[str, 
         dtype = from_safetensors(code)
         if dtype is None:
             raise CorruptCheckpoint(f"{path}: tensor {key!r} has dtype {code}, which the converter does not handle")
-        n = 1
-        for s in shape:
-            n *= s
-        if end - begin != n * itemsize(dtype) or data_start + end > size:
+        if end - begin != math.prod(shape) * itemsize(dtype) or data_start + end > size:
             raise CorruptCheckpoint(f"{path}: tensor {key!r} ({code}{list(shape)}) needs bytes {begin}..{end} of "
                                     f"the data section but the file holds {size - data_start}")
         infos[key] = TensorInfo(path=path, shape=shape, dtype=dtype, offset=data_start + begin)
@@ -86,10 +84,7 @@ class SafetensorsWriter:
         pos = 0
         layout = []
         for key, shape, dtype in entries:
-            n = 1
-            for s in shape:
-                n *= s
-            nbytes = n * itemsize(dtype)
+            nbytes = math.prod(shape) * itemsize(dtype)
             header[key] = {"dtype": DTYPES[dtype].safetensors, "shape": list(shape), "data_offsets": [pos, pos + nbytes]}
             layout.append((key, pos, nbytes))
             pos += nbytes

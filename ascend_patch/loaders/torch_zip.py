@@ -22,6 +22,7 @@ check both.
 
 from __future__ import annotations
 
+import math
 import collections
 import io
 import os
@@ -97,13 +98,6 @@ class _Pickler(pickle._Pickler):  # the pure-Python pickler lets save() be exten
         super().save(obj, save_persistent_id)
 
 
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
-
-
 def _slots(obj: Any) -> Iterator[Slot]:
     if isinstance(obj, Slot):
         yield obj
@@ -156,7 +150,7 @@ class TorchZipWriter:
             if slot.sid in refs:
                 raise ValueError(f"{path}: tensor id {slot.sid!r} appears twice")
             keys[slot.sid] = str(n)
-            refs[slot.sid] = _TensorReduce(_StorageRef(str(n), slot.dtype, _numel(slot.shape)), slot.shape)
+            refs[slot.sid] = _TensorReduce(_StorageRef(str(n), slot.dtype, math.prod(slot.shape)), slot.shape)
         buf = io.BytesIO()
         _Pickler(buf, protocol=2).dump(_substitute(obj, refs))
         # the alignment is known after layout; two digits keep the record's size fixed ("64", "08")
@@ -164,7 +158,7 @@ class TorchZipWriter:
         entries: list[_Entry] = [_Entry(f"{archive}/{name}", len(data)) for name, data in small]
         self.sizes: dict[str, int] = {}
         for slot in slots:
-            nbytes = _numel(slot.shape) * itemsize(slot.dtype)
+            nbytes = math.prod(slot.shape) * itemsize(slot.dtype)
             self.sizes[slot.sid] = nbytes
             entries.append(_Entry(f"{archive}/data/{keys[slot.sid]}", nbytes))
         tail = [("version", b"3\n")]

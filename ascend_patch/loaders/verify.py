@@ -15,6 +15,7 @@ Two checks, both streaming:
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import time
@@ -119,9 +120,7 @@ def _check_tensors(out: SourceCheckpoint, src: SourceCheckpoint | None, report: 
                 continue
             info = out.tensors[pid]
             shape = plan.shape or (1,)
-            row_bytes = itemsize(info.dtype)
-            for s in shape[1:]:
-                row_bytes *= s
+            row_bytes = itemsize(info.dtype) * math.prod(shape[1:])
             mismatch = None
             for r0, r1 in row_blocks(shape[0], row_bytes, _BLOCK):
                 got = actual.read_rows(pid, r0, r1).reshape(r1 - r0, *shape[1:])  # raw bits

@@ -38,7 +38,6 @@ __all__ = [
     "invert",
     "compose",
     "coverage_gaps",
-    "volume",
 ]
 
 Shape = tuple[int, ...]
@@ -47,10 +46,6 @@ NAMINGS = ("local", "te")
 
 class LayoutError(ValueError):
     """A parallel layout that cannot hold the model (the message says why and what fits)."""
-
-
-def volume(shape: Sequence[int]) -> int:
-    return math.prod(shape) if shape else 1
 
 
 @dataclass(frozen=True)
@@ -467,9 +462,9 @@ def coverage_gaps(primary: Mapping[str, list[Piece]], shapes: Mapping[str, Shape
     """Canonical tensors not fully covered: key -> number of missing elements."""
     gaps = {}
     for key, shape in shapes.items():
-        covered = sum(volume(p.size) for p in primary.get(key, ()))
-        if covered != volume(shape):
-            gaps[key] = volume(shape) - covered
+        covered = sum(math.prod(p.size) for p in primary.get(key, ()))
+        if covered != math.prod(shape):
+            gaps[key] = math.prod(shape) - covered
     return gaps
 
 
@@ -493,8 +488,8 @@ def compose(plan: TensorPlan, source: Mapping[str, list[Piece]]) -> TensorPlan:
             size = tuple(y - x for x, y in zip(lo, hi))
             out.append(Piece(e.src, tuple(u + x - c for u, x, c in zip(e.src_start, lo, e.dst_start)),
                              tuple(b + x - a for b, x, a in zip(p.dst_start, lo, p.src_start)), size))
-            got += volume(size)
-        if got != volume(p.size):
-            raise LayoutError(f"the source checkpoint holds only {got} of the {volume(p.size)} elements of "
+            got += math.prod(size)
+        if got != math.prod(p.size):
+            raise LayoutError(f"the source checkpoint holds only {got} of the {math.prod(p.size)} elements of "
                               f"{p.src} that {plan.key} needs")
     return TensorPlan(plan.key, plan.shape, tuple(out), plan.rule)
