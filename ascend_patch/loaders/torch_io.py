@@ -35,7 +35,6 @@ __all__ = [
 # Globals under these prefixes (Megatron's enums, OptimizerConfig, RerunState, ... in ``args`` and
 # the rerun state) get inert stand-ins: their data is kept, their code is never imported or run.
 STAND_IN_PREFIXES = ("megatron.",)
-_UNSUPPORTED = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
 _ANY_GLOBAL = re.compile(r"GLOBAL ([\w.]+)|unrecognized function ([^\s]+)")
 
 
@@ -105,37 +104,53 @@ def _base_allowlist() -> list[Any]:
 
 
 def safe_load(path: str, *, meta: bool = True) -> Any:
-    """The object in ``path`` with tensors on the meta device (or in memory when ``meta=False``)."""
+    """The object in ``path`` with tensors on the meta device (or in memory when ``meta=False``).
+
+    torch lists the globals a checkpoint's pickle names before anything is unpickled
+    (``get_unsafe_globals_in_checkpoint``, a static read of the pickle): Megatron's own
+    classes get stand-ins, any other global outside the allowlist refuses the file.
+    """
     import torch
-    from torch.serialization import safe_globals
+    from torch.serialization import get_unsafe_globals_in_checkpoint, safe_globals
 
     if not os.path.isfile(path):
         raise CorruptCheckpoint(f"{path} does not exist")
-    extra: list[Any] = []
-    for _ in range(64):
+    allowed = _base_allowlist()
+    with safe_globals(allowed):
         try:
-            with safe_globals(_base_allowlist() + extra):
-                return torch.load(path, map_location="meta" if meta else "cpu", weights_only=True)
+            unsafe = sorted(get_unsafe_globals_in_checkpoint(path))
+        except ValueError:  # not a zip checkpoint (torch < 1.6 wrote pickles directly): nothing to scan
+            unsafe = []
         except Exception as exc:
-            text = str(exc)
-            found = _UNSUPPORTED.search(text)
-            if found and found.group(1).startswith(STAND_IN_PREFIXES) and len(extra) < 63:
-                extra.append((_stand_in(found.group(1)), found.group(1)))
-                continue
-            named = _ANY_GLOBAL.search(text)
-            if named or "Unsupported operand" in text or "is blocked" in text:
-                what = (named.group(1) or named.group(2)) if named else "an object constructor"
-                raise UnsafeCheckpoint(
-                    f"{path}: refusing to unpickle {what}, which is not on the allowlist of a weights-only "
-                    "checkpoint; nothing from the file was executed. If you trust the file, load it with "
-                    "torch.load(weights_only=False) yourself and re-save only the tensors.") from None
-            if isinstance(exc, (RuntimeError, EOFError, OSError, ValueError)) or "pickle" in type(exc).__name__.lower():
-                size = os.path.getsize(path)
-                raise CorruptCheckpoint(f"{path} ({size} bytes) cannot be read as a torch checkpoint: "
-                                        f"{text.splitlines()[0] if text else type(exc).__name__} "
-                                        "(truncated or corrupt?)") from None
-            raise
-    raise UnsafeCheckpoint(f"{path}: too many distinct Megatron types in the pickle")
+            raise _corrupt(path, exc) from None
+    refused = [name for name in unsafe if not name.startswith(STAND_IN_PREFIXES)]
+    if refused:
+        raise _unsafe(path, ", ".join(refused))
+    stand_ins = [(_stand_in(name), name) for name in unsafe]
+    try:
+        with safe_globals(allowed + stand_ins):
+            return torch.load(path, map_location="meta" if meta else "cpu", weights_only=True)
+    except Exception as exc:
+        text = str(exc)
+        # what a static read cannot see (a global pushed by other opcodes) is still refused by the unpickler
+        named = _ANY_GLOBAL.search(text)
+        if named or "Unsupported operand" in text or "is blocked" in text:
+            raise _unsafe(path, (named.group(1) or named.group(2)) if named else "an object constructor") from None
+        if isinstance(exc, (RuntimeError, EOFError, OSError, ValueError)) or "pickle" in type(exc).__name__.lower():
+            raise _corrupt(path, exc) from None
+        raise
+
+
+def _unsafe(path: str, what: str) -> UnsafeCheckpoint:
+    return UnsafeCheckpoint(f"{path}: refusing to unpickle {what}, which is not on the allowlist of a weights-only "
+                            "checkpoint; nothing from the file was executed. If you trust the file, load it with "
+                            "torch.load(weights_only=False) yourself and re-save only the tensors.")
+
+
+def _corrupt(path: str, exc: BaseException) -> CorruptCheckpoint:
+    text = str(exc)
+    return CorruptCheckpoint(f"{path} ({os.path.getsize(path)} bytes) cannot be read as a torch checkpoint: "
+                             f"{text.splitlines()[0] if text else type(exc).__name__} (truncated or corrupt?)")
 
 
 def tensor_infos(obj: Mapping[str, Any], path: str) -> Iterator[tuple[str, TensorInfo | None]]:
