@@ -27,7 +27,7 @@ from .checkpoint_check import (
     resharded_dir,
 )
 from .checkpoint_probe import CheckpointLayout, probe_checkpoint
-from .preflight import (
+from ..parallel import (
     TRAINING_FLAGS,
     ParallelConfigError,
     check_experts,
@@ -43,7 +43,7 @@ from .preflight import (
     stages_from_first_last,
     training_split_flags,
 )
-from .topology import DEFAULT_ORDER, ParallelLayout, RankRow
+from ..parallel import DEFAULT_ORDER, Layout, RankRow
 
 # check takes a per-stage list (--num-layer-list) to describe the launch; remedies name training's flags
 CHECK_FLAGS = replace(TRAINING_FLAGS, layer_list="--num-layer-list")
@@ -70,7 +70,7 @@ class CheckReport:
 
     world_size: int | None
     nproc_per_node: int | None
-    layout: ParallelLayout | None
+    layout: Layout | None
     model: ModelDims | None
     checkpoint: CheckpointLayout | None
     errors: list[str] = field(default_factory=list)
@@ -113,7 +113,7 @@ def _model_from_args(args: dict[str, Any], source: str) -> ModelDims | None:
     return dims if known else None
 
 
-def _node_warnings(report: CheckReport, layout: ParallelLayout) -> None:
+def _node_warnings(report: CheckReport, layout: Layout) -> None:
     per_node = report.nproc_per_node
     if not per_node or per_node >= layout.world_size:
         return
@@ -156,7 +156,7 @@ def preflight(world_size: int | None = None, nnodes: int | None = None, nproc_pe
     if nproc_per_node and world_size % nproc_per_node:
         report.errors.append(f"world size {world_size} is not a whole number of nodes of {nproc_per_node} devices")
     try:
-        layout = ParallelLayout.from_world(world_size, tp=tp, pp=pp, cp=cp, ep=ep, expert_tp=etp, order=order)
+        layout = Layout.from_world(world_size, tp=tp, pp=pp, cp=cp, ep=ep, expert_tp=etp, order=order)
     except ParallelConfigError as exc:
         report.errors.append(str(exc))
         layout = None
@@ -266,7 +266,7 @@ def _table(rows: list[RankRow], experts: bool, limit: int) -> str:
     return "\n".join(lines)
 
 
-def _groups_summary(layout: ParallelLayout) -> list[str]:
+def _groups_summary(layout: Layout) -> list[str]:
     lines = []
     items = [("TP", "tp", "dense"), ("CP", "cp", "dense"), ("DP", "dp", "dense"), ("PP", "pp", "dense")]
     if layout.ep > 1:

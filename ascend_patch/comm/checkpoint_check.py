@@ -16,7 +16,7 @@ import shlex
 from dataclasses import dataclass
 
 from .checkpoint_probe import CheckpointLayout
-from .preflight import (
+from ..parallel import (
     ParallelConfigError,
     parse_layer_list,
     stages_from_first_last,

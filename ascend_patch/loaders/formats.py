@@ -22,7 +22,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..models.weightmap import ShardLayout, Piece, TensorPlan, WeightMap
+from ..models.weightmap import Piece, TensorPlan, WeightMap
+from ..parallel import Layout
 
 if TYPE_CHECKING:
     import torch
@@ -99,7 +100,7 @@ class SourceCheckpoint:
     dtype: str
     hf_config: dict[str, Any]
     generation_config: dict[str, Any] | None = None
-    layout: ShardLayout | None = None
+    layout: Layout | None = None
     naming: str | None = None
     padded_vocab: int | None = None
     make_vocab_size_divisible_by: int | None = None
@@ -111,7 +112,7 @@ class SourceCheckpoint:
     notes: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
-        where = f" ({self.layout.describe()}, {self.naming} naming)" if self.layout else ""
+        where = f" ({self.layout.describe_shards()}, {self.naming} naming)" if self.layout else ""
         return f"{self.format} checkpoint of a {self.config.family} model{where}, {self.dtype}"
 
     @property
@@ -149,7 +150,7 @@ class TargetPlan:
     files: list[TargetFile]
     side_files: dict[str, bytes] = field(default_factory=dict)
     commit_files: dict[str, bytes] = field(default_factory=dict)
-    layout: ShardLayout | None = None
+    layout: Layout | None = None
     naming: str | None = None
     padded_vocab: int | None = None
     description: str = ""

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from functools import lru_cache
 
 from ..models.hf_config import ModelConfig
-from ..models.weightmap import ShardLayout
+from ..parallel import Layout
 
 __all__ = ["megatron_expected_state", "te_names"]
 
@@ -116,7 +116,7 @@ def te_names(state: dict[str, Shape | None]) -> dict[str, Shape | None]:
     return out
 
 
-def megatron_expected_state(cfg: ModelConfig, layout: ShardLayout, pp_rank: int, vp: int = 0,
+def megatron_expected_state(cfg: ModelConfig, layout: Layout, pp_rank: int, vp: int = 0,
                             naming: str = "local", padded_vocab: int | None = None) -> dict[str, Shape | None]:
     """Keys (and shapes; None for ``_extra_state``) megatron-core's GPTModel has for this chunk."""
     layers = len(layout.layers(pp_rank, vp))

@@ -18,7 +18,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..models.vocab import padded_vocab_size
-from ..models.weightmap import ExtraState, LayoutError, ShardLayout, TensorPlan, coverage_gaps, invert
+from ..models.weightmap import ExtraState, TensorPlan, coverage_gaps, invert
+from ..parallel import Layout, LayoutError
 from ..dtypes import canonical as canonical_dtype
 from .blocks import CorruptCheckpoint
 from .formats import CheckpointLoader, CheckpointSaver, ConvertOptions, SourceCheckpoint, TargetFile, TargetPlan
@@ -115,7 +116,7 @@ class MegatronLoader(CheckpointLoader):
         for v in range(vpp):
             for p in range(pp):
                 counts.append(_layers_in(states[(0, p)][chunks[v]].keys()))
-        layout = ShardLayout(tp, pp, vpp, tuple(counts))
+        layout = Layout(tp=tp, pp=pp, vpp=vpp, layer_counts=tuple(counts))
         for name, value in (("tensor_model_parallel_size", tp), ("pipeline_model_parallel_size", pp)):
             stated = getattr(args, name, None)
             if stated is not None and int(stated) != value:
@@ -242,7 +243,7 @@ class MegatronSaver(CheckpointSaver):
             problems.append(Problem("naming", f"unknown key naming {options.naming!r}", "use local or transformer_engine"))
         if problems:
             return TargetPlan(files=[], problems=problems)
-        layout = ShardLayout.build(cfg.num_layers, tp, pp, vpp, options.num_layer_list)
+        layout = Layout.build(cfg.num_layers, tp, pp, vpp, options.num_layer_list)
         padded = padded_vocab_size(cfg.vocab_size, options.make_vocab_size_divisible_by, tp)
         dtype = canonical_dtype(options.params_dtype) if options.params_dtype else source.dtype
         iteration: int | str = options.iteration if options.iteration is not None else (
@@ -276,7 +277,7 @@ class MegatronSaver(CheckpointSaver):
         tracker = ("release" if iteration == "release" else str(iteration)).encode()
         return TargetPlan(files=files, commit_files={TRACKER: tracker}, layout=layout, naming=options.naming,
                           padded_vocab=padded,
-                          description=f"megatron legacy, {layout.describe()}, {options.naming} naming, {dtype}")
+                          description=f"megatron legacy, {layout.describe_shards()}, {options.naming} naming, {dtype}")
 
 
 def _jsonable(obj: Any) -> Any:

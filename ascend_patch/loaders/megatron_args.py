@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..models.hf_config import ModelConfig
-from ..models.weightmap import ShardLayout
+from ..parallel import Layout
 from ..dtypes import FLOATING, short_name
 
 __all__ = ["build_args", "config_from_args", "ArgsMismatch"]
@@ -23,7 +23,7 @@ class ArgsMismatch(ValueError):
     """A checkpoint's ``args`` lack a field the converter needs."""
 
 
-def build_args(cfg: ModelConfig, layout: ShardLayout, *, padded_vocab: int, divisor: int, dtype: str,
+def build_args(cfg: ModelConfig, layout: Layout, *, padded_vocab: int, divisor: int, dtype: str,
                naming: str, iteration: int | str) -> argparse.Namespace:
     """The ``args`` to store in every rank file (``params_dtype`` pickles as ``torch.<dtype>``)."""
     from .torch_zip import TORCH_DTYPES

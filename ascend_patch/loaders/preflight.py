@@ -1,7 +1,7 @@
 """Preflight: every inconsistency found before any byte is written, each with numbers and a remedy.
 
 The checks are public functions returning :class:`Problem` lists so the converter can
-report all of them at once. Parallel sizes are judged by ``comm.preflight`` (the same
+report all of them at once. Parallel sizes are judged by :mod:`ascend_patch.parallel` (the same
 rules ``ascend-patch check`` and training use), with the converter's flag names:
 ``28 layers cannot be split over 8 pipeline stages; use --target-pipeline-parallel-size
 1, 2, 4, 7, 14 or 28, or give --num-layer-list``.
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..dtypes import FLOATING, SHORT_NAMES
-from ..comm.preflight import (
+from ..parallel import (
     CONVERT_FLAGS,
     divisors,
     format_choices,
@@ -68,7 +68,7 @@ class PreflightError(ValueError):
 
 
 def _problems(checks: Sequence[tuple[str, Callable[[], Any]]]) -> list[Problem]:
-    """Run parallel-size checks (comm.preflight, shared with training), each failure a Problem."""
+    """Run parallel-size checks (ascend_patch.parallel, shared with training), each failure a Problem."""
     problems = []
     for code, check in checks:
         try:

@@ -3,7 +3,7 @@
 A family's ``weights.py`` lists *rules* (``Replicated``, ``ColumnParallel``,
 ``RowParallel``, ``QKV``, ``GatedMLP``, ``VocabParallel``), each naming the Hugging
 Face tensor(s), their shape, and the megatron-core key. Given a
-:class:`ShardLayout` (TP, PP, virtual pipeline chunks, layers per chunk) the map
+:class:`~ascend_patch.parallel.Layout` (TP, PP, virtual pipeline chunks, layers per chunk) the map
 answers, for every Megatron rank, which tensors that rank holds and how each is
 assembled from rectangular *pieces* of the HF tensors. Inverting and composing
 pieces gives mg -> hf and mg -> mg without a second description, and lets the
@@ -15,17 +15,16 @@ Nothing here imports torch: a map is plain data.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ..parallel import Layout, LayoutError
 from .hf_config import ModelConfig
 
 __all__ = [
     "Piece",
     "TensorPlan",
     "ExtraState",
-    "ShardLayout",
-    "LayoutError",
     "Rule",
     "Replicated",
     "ColumnParallel",
@@ -42,10 +41,6 @@ __all__ = [
 
 Shape = tuple[int, ...]
 NAMINGS = ("local", "te")
-
-
-class LayoutError(ValueError):
-    """A parallel layout that cannot hold the model (the message says why and what fits)."""
 
 
 @dataclass(frozen=True)
@@ -265,75 +260,6 @@ class VocabParallel(Rule):
 
 
 @dataclass(frozen=True)
-class ShardLayout:
-    """How layers sit on ranks: ``layer_counts`` per model chunk in global order.
-
-    Chunks are ordered virtual-stage-major: (v=0, p=0), (v=0, p=1), ..., (v=1, p=0), ...
-    which is megatron-core's placement (global layer = v*L/vp + p*L/(PP*vp) + j when even).
-    """
-
-    tp: int = 1
-    pp: int = 1
-    vpp: int = 1
-    layer_counts: tuple[int, ...] = (1,)
-
-    def __post_init__(self) -> None:
-        if min(self.tp, self.pp, self.vpp) < 1:
-            raise LayoutError(f"TP {self.tp}, PP {self.pp} and virtual pipeline size {self.vpp} must be >= 1")
-        if len(self.layer_counts) != self.pp * self.vpp:
-            raise LayoutError(f"{len(self.layer_counts)} layer counts given for {self.pp} stages x "
-                              f"{self.vpp} virtual chunks")
-
-    @classmethod
-    def build(cls, num_layers: int, tp: int = 1, pp: int = 1, vpp: int = 1,
-              num_layer_list: Sequence[int] | None = None) -> ShardLayout:
-        """Even placement, or ``num_layer_list`` (one count per pipeline stage, no virtual chunks)."""
-        from ..comm.preflight import CONVERT_FLAGS, ParallelConfigError, check_layers
-
-        try:
-            stages = check_layers(num_layers, pp, vpp, num_layer_list, flags=CONVERT_FLAGS)
-        except ParallelConfigError as exc:
-            raise LayoutError(str(exc)) from None
-        if vpp > 1:
-            return cls(tp, pp, vpp, (num_layers // (pp * vpp),) * (pp * vpp))
-        return cls(tp, pp, 1, tuple(stages))
-
-    @property
-    def num_layers(self) -> int:
-        return sum(self.layer_counts)
-
-    @property
-    def even(self) -> bool:
-        return len(set(self.layer_counts)) == 1
-
-    def chunk_index(self, pp_rank: int, vp: int) -> int:
-        return vp * self.pp + pp_rank
-
-    def layers(self, pp_rank: int, vp: int = 0) -> range:
-        """Global layer indices held by model chunk ``vp`` of pipeline rank ``pp_rank``."""
-        c = self.chunk_index(pp_rank, vp)
-        start = sum(self.layer_counts[:c])
-        return range(start, start + self.layer_counts[c])
-
-    def is_first(self, pp_rank: int, vp: int) -> bool:
-        return pp_rank == 0 and vp == 0
-
-    def is_last(self, pp_rank: int, vp: int) -> bool:
-        return pp_rank == self.pp - 1 and vp == self.vpp - 1
-
-    def ranks(self) -> Iterator[tuple[int, int]]:
-        """(tp_rank, pp_rank) in file order."""
-        for p in range(self.pp):
-            for t in range(self.tp):
-                yield t, p
-
-    def describe(self) -> str:
-        extra = f", VPP {self.vpp}" if self.vpp > 1 else ""
-        counts = "" if self.even else f", layers {','.join(map(str, self.layer_counts))}"
-        return f"TP {self.tp}, PP {self.pp}{extra}{counts}"
-
-
-@dataclass(frozen=True)
 class WeightMap:
     """A family's complete map: rules for the embedding, each layer, the final norm and the head."""
 
@@ -369,7 +295,7 @@ class WeightMap:
         return out
 
     # -- the Megatron side --------------------------------------------------------------------
-    def megatron_chunk(self, layout: ShardLayout, tp_rank: int, pp_rank: int, vp: int = 0,
+    def megatron_chunk(self, layout: Layout, tp_rank: int, pp_rank: int, vp: int = 0,
                        naming: str = "local", padded_vocab: int | None = None) -> list[TensorPlan | ExtraState]:
         """The state dict of one model chunk on one rank, in megatron-core's key order."""
         if naming not in NAMINGS:
@@ -407,7 +333,7 @@ class WeightMap:
                 entries.append(ExtraState(f"{self.output_extra_state}._extra_state"))
         return entries
 
-    def megatron_ranks(self, layout: ShardLayout, naming: str = "local",
+    def megatron_ranks(self, layout: Layout, naming: str = "local",
                        padded_vocab: int | None = None) -> dict[tuple[int, int], list[list[TensorPlan | ExtraState]]]:
         """(tp_rank, pp_rank) -> one entry list per virtual chunk."""
         return {(t, p): [self.megatron_chunk(layout, t, p, v, naming, padded_vocab) for v in range(layout.vpp)]

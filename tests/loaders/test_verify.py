@@ -81,11 +81,12 @@ def test_expected_keys_equal_the_weight_map_output(hf_checkpoint, family, layout
     from ascend_patch.loaders.hf import HFLoader
     from ascend_patch.loaders.mcore_keys import megatron_expected_state
     from ascend_patch.models.vocab import padded_vocab_size
-    from ascend_patch.models.weightmap import ShardLayout, TensorPlan
+    from ascend_patch.models.weightmap import TensorPlan
+    from ascend_patch.parallel import Layout
 
     hf, _ = hf_checkpoint(family)
     src = HFLoader().open(hf, ConvertOptions())
-    lay = ShardLayout.build(src.config.num_layers, layout["tp"], layout["pp"], layout.get("vpp", 1))
+    lay = Layout.build(src.config.num_layers, layout["tp"], layout["pp"], layout.get("vpp", 1))
     padded = padded_vocab_size(src.config.vocab_size, 128, lay.tp)
     for p in range(lay.pp):
         for v in range(lay.vpp):

@@ -8,7 +8,8 @@ import torch
 from ascend_patch.loaders.blocks import BlockFiller
 from ascend_patch.loaders.formats import TensorInfo
 from ascend_patch.models.hf_config import load_hf_config
-from ascend_patch.models.weightmap import (ExtraState, LayoutError, ShardLayout, TensorPlan, compose,
+from ascend_patch.parallel import Layout, LayoutError
+from ascend_patch.models.weightmap import (ExtraState, TensorPlan, compose,
                                            coverage_gaps, invert)
 
 H, NH, NG, D, F, V, L = 64, 8, 2, 12, 96, 300, 4
@@ -53,7 +54,7 @@ def _chunk(wm, layout, t, p, v=0, naming="local", padded=None):
 def test_qkv_interleaves_per_query_group_then_splits(tp):
     wm = _wm()
     hf = _random_hf(wm)
-    layout = ShardLayout.build(L, tp=tp)
+    layout = Layout.build(L, tp=tp)
     per = NH // NG
     for i in range(L):
         a = f"model.layers.{i}.self_attn."
@@ -71,7 +72,7 @@ def test_qkv_bias_follows_the_weight_layout():
     a = "model.layers.2.self_attn."
     ref = torch.cat([hf[a + "q_proj.bias"].view(NG, per * D), hf[a + "k_proj.bias"].view(NG, D),
                      hf[a + "v_proj.bias"].view(NG, D)], dim=1).reshape(-1)
-    layout = ShardLayout.build(L, tp=2)
+    layout = Layout.build(L, tp=2)
     for r, want in enumerate(ref.chunk(2)):
         plan = _chunk(wm, layout, r, 0)["decoder.layers.2.self_attention.linear_qkv.bias"]
         assert torch.equal(_materialise(plan, hf), want)
@@ -81,7 +82,7 @@ def test_qkv_bias_follows_the_weight_layout():
 def test_gated_fc1_row_and_vocab_splits(tp):
     wm = _wm(tied=False, family="llama", groups=4)
     hf = _random_hf(wm)
-    layout = ShardLayout.build(L, tp=tp)
+    layout = Layout.build(L, tp=tp)
     padded = 512
     for r in range(tp):
         chunk = _chunk(wm, layout, r, 0, padded=padded)
@@ -101,26 +102,26 @@ def test_gated_fc1_row_and_vocab_splits(tp):
 
 
 def test_layer_placement_even_list_and_virtual():
-    even = ShardLayout.build(8, pp=2)
+    even = Layout.build(8, pp=2)
     assert [list(even.layers(p)) for p in range(2)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
-    uneven = ShardLayout.build(8, pp=3, num_layer_list=[2, 4, 2])
+    uneven = Layout.build(8, pp=3, num_layer_list=[2, 4, 2])
     assert [list(uneven.layers(p)) for p in range(3)] == [[0, 1], [2, 3, 4, 5], [6, 7]]
-    vpp = ShardLayout.build(8, pp=2, vpp=2)
+    vpp = Layout.build(8, pp=2, vpp=2)
     # megatron-core: global = v * L/vp + p * L/(PP*vp) + j
     for v in range(2):
         for p in range(2):
             assert list(vpp.layers(p, v)) == [v * 4 + p * 2 + j for j in range(2)]
     with pytest.raises(LayoutError, match="28 layers cannot be split over 8"):
-        ShardLayout.build(28, pp=8)
+        Layout.build(28, pp=8)
 
 
 def test_tied_embeddings_on_one_and_on_several_stages():
     wm = _wm()  # qwen3, tied
-    one = _chunk(wm, ShardLayout.build(L), 0, 0)
+    one = _chunk(wm, Layout.build(L), 0, 0)
     assert "output_layer.weight" not in one
-    entries = wm.megatron_chunk(ShardLayout.build(L), 0, 0)
+    entries = wm.megatron_chunk(Layout.build(L), 0, 0)
     assert ExtraState("output_layer._extra_state") in entries
-    two = ShardLayout.build(L, pp=2)
+    two = Layout.build(L, pp=2)
     last = _chunk(wm, two, 0, 1, padded=384)
     hf = _random_hf(wm)
     emb = torch.cat([hf["model.embed_tokens.weight"], torch.zeros(384 - V, H)])
@@ -130,7 +131,7 @@ def test_tied_embeddings_on_one_and_on_several_stages():
 
 def test_te_naming_folds_the_norms():
     wm = _wm()
-    keys = {e.key for e in wm.megatron_chunk(ShardLayout.build(L), 0, 0, 0, "te")}
+    keys = {e.key for e in wm.megatron_chunk(Layout.build(L), 0, 0, 0, "te")}
     assert "decoder.layers.0.self_attention.linear_qkv.layer_norm_weight" in keys
     assert "decoder.layers.0.mlp.linear_fc1.layer_norm_weight" in keys
     assert "decoder.layers.0.self_attention.core_attention._extra_state" in keys
@@ -140,7 +141,7 @@ def test_te_naming_folds_the_norms():
 def test_invert_then_compose_reshards_without_hf():
     wm = _wm("qwen2", tied=False)
     hf = _random_hf(wm)
-    src_layout = ShardLayout.build(L, tp=2, pp=2)
+    src_layout = Layout.build(L, tp=2, pp=2)
     plans = {}
     stored = {}
     for (t, p), chunks in wm.megatron_ranks(src_layout, padded_vocab=512).items():
@@ -152,7 +153,7 @@ def test_invert_then_compose_reshards_without_hf():
     canonical, replicas = invert(plans.items())
     assert coverage_gaps(canonical, wm.hf_tensors()) == {}
     assert replicas  # replicated norms on the second TP rank
-    dst = ShardLayout.build(L, tp=1, pp=1)
+    dst = Layout.build(L, tp=1, pp=1)
     for key, plan in _chunk(wm, dst, 0, 0, padded=384).items():
         direct = _materialise(plan, hf)
         via_mg = _materialise(compose(plan, canonical), stored)
@@ -165,4 +166,4 @@ def test_invert_then_compose_reshards_without_hf():
 def test_split_refusals():
     wm = _wm()
     with pytest.raises(LayoutError, match="query groups"):
-        wm.megatron_chunk(ShardLayout.build(L, tp=4), 0, 0, padded_vocab=512)
+        wm.megatron_chunk(Layout.build(L, tp=4), 0, 0, padded_vocab=512)

@@ -1,4 +1,4 @@
-"""ParallelLayout's groups equal the groups real megatron-core builds (torchrun, patched, cpu, gloo)."""
+"""Layout's groups equal the groups real megatron-core builds (torchrun, patched, cpu, gloo)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from ascend_patch.comm.topology import MEGATRON_GROUPS, ParallelLayout
+from ascend_patch.parallel import MEGATRON_GROUPS, Layout
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from helpers import free_port  # noqa: E402
@@ -40,7 +40,7 @@ def test_layout_groups_equal_initialize_model_parallel(world, tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     per_rank = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
     for spec in LAYOUTS[world]:
-        layout = ParallelLayout.from_world(world, tp=spec["tp"], pp=spec["pp"], cp=spec["cp"], ep=spec["ep"],
+        layout = Layout.from_world(world, tp=spec["tp"], pp=spec["pp"], cp=spec["cp"], ep=spec["ep"],
                                            expert_tp=spec["etp"], order=spec["order"])
         ours = layout.megatron_groups()
         for rank in range(world):

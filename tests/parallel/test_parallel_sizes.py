@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ascend_patch.comm.preflight import (
+from ascend_patch.parallel import (
     CONVERT_FLAGS,
     ParallelConfigError,
     check_experts,

@@ -1,4 +1,4 @@
-"""ParallelLayout: Megatron's rank order, coordinates, group membership."""
+"""Layout: Megatron's rank order, coordinates, group membership."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import itertools
 
 import pytest
 
-from ascend_patch.comm.topology import MEGATRON_GROUPS, ParallelConfigError, ParallelLayout
+from ascend_patch.parallel import MEGATRON_GROUPS, Layout, ParallelConfigError
 
 
 def test_worked_example_24_ranks_tp2_pp3_cp2_dp2():
-    layout = ParallelLayout.from_world(24, tp=2, pp=3, cp=2)
+    layout = Layout.from_world(24, tp=2, pp=3, cp=2)
     assert layout.dp == 2
     # rank = tp + 2*cp + 4*dp + 8*pp  (tp fastest, pp slowest)
     assert layout.coordinates(13) == {"tp": 1, "cp": 0, "ep": 0, "dp": 1, "pp": 1}
@@ -29,7 +29,7 @@ def test_worked_example_24_ranks_tp2_pp3_cp2_dp2():
 
 def test_rank_coordinates_round_trip_for_every_order():
     for order, cp in (("tp-cp-ep-dp-pp", 2), ("tp-cp-ep-pp-dp", 1), ("tp-pp-dp", 1), ("cp-tp-dp-pp", 2)):
-        layout = ParallelLayout(tp=2, pp=3, dp=2 * (3 - cp), cp=cp, order=order)
+        layout = Layout(tp=2, pp=3, dp=2 * (3 - cp), cp=cp, order=order)
         seen = set()
         for rank in range(layout.world_size):
             coords = layout.coordinates(rank)
@@ -39,42 +39,42 @@ def test_rank_coordinates_round_trip_for_every_order():
 
 
 def test_pp_before_dp_order():
-    layout = ParallelLayout(tp=2, pp=3, dp=2, order="tp-cp-ep-pp-dp")
+    layout = Layout(tp=2, pp=3, dp=2, order="tp-cp-ep-pp-dp")
     # rank = tp + 2*pp + 6*dp
     assert layout.groups("pp")[:2] == [[0, 2, 4], [1, 3, 5]]
     assert layout.groups("dp")[:2] == [[0, 6], [1, 7]]
 
 
 def test_expert_layout_carves_ep_out_of_dp_and_cp():
-    layout = ParallelLayout.from_world(16, tp=2, pp=2, cp=2, ep=2)
+    layout = Layout.from_world(16, tp=2, pp=2, cp=2, ep=2)
     assert (layout.dp, layout.expert_dp) == (2, 2)
     # the expert layout is expert-TP x EP x expert-DP x PP = 2 x 2 x 2 x 2
     assert layout.groups("ep", "expert")[:2] == [[0, 2], [1, 3]]
     assert layout.groups("dp", "expert")[:2] == [[0, 4], [1, 5]]
     assert layout.groups("tp-ep", "expert")[0] == [0, 1, 2, 3]
-    narrow = ParallelLayout.from_world(8, tp=2, ep=4, expert_tp=1)
+    narrow = Layout.from_world(8, tp=2, ep=4, expert_tp=1)
     assert narrow.etp == 1 and narrow.expert_dp == 2
     assert narrow.groups("ep", "expert") == [[0, 1, 2, 3], [4, 5, 6, 7]]
 
 
 def test_order_errors_name_the_problem():
     with pytest.raises(ParallelConfigError, match="leaves out pp but its size is 2; add pp"):
-        ParallelLayout(tp=2, pp=2, order="tp-dp")
+        Layout(tp=2, pp=2, order="tp-dp")
     with pytest.raises(ParallelConfigError, match="names xp; it may use only tp, cp, ep, dp, pp"):
-        ParallelLayout(order="tp-xp-dp")
+        Layout(order="tp-xp-dp")
     with pytest.raises(ParallelConfigError) as info:
-        ParallelLayout(order="tp-dp-tp")
+        Layout(order="tp-dp-tp")
     assert str(info.value) == ("rank order 'tp-dp-tp' repeats tp; name each dimension once, e.g. 'tp-dp' "
                                "(megatron-core's default is 'tp-cp-ep-dp-pp')")
     with pytest.raises(ParallelConfigError) as info:
-        ParallelLayout(tp=2, expert_tp=0)
+        Layout(tp=2, expert_tp=0)
     assert str(info.value) == ("expert TP must be a positive integer, got 0; use --expert-tensor-parallel-size "
                                "1 or more (1 means no expert-tensor parallelism)")
     with pytest.raises(ParallelConfigError, match=r"expert layout's DP \(1 = world / \(expert-TP x EP x PP\)\) "
                                                   r"must equal the dense DP \(2\)"):
-        ParallelLayout(tp=1, pp=2, dp=2, ep=2, order="tp-cp-ep-pp-dp")
+        Layout(tp=1, pp=2, dp=2, ep=2, order="tp-cp-ep-pp-dp")
     with pytest.raises(ParallelConfigError, match="even without experts"):
-        ParallelLayout(tp=2, pp=2, dp=1, cp=2, order="tp-cp-ep-pp-dp")
+        Layout(tp=2, pp=2, dp=1, cp=2, order="tp-cp-ep-pp-dp")
 
 
 def test_groups_equal_megatron_rank_generator_for_many_layouts():
@@ -92,7 +92,7 @@ def test_groups_equal_megatron_rank_generator_for_many_layouts():
             continue
         for order in ("tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp"):
             try:
-                layout = ParallelLayout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, expert_tp=etp, order=order)
+                layout = Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, expert_tp=etp, order=order)
             except ParallelConfigError:
                 continue  # megatron asserts the same (pp not last with unequal expert DP)
             dense = RankGenerator(tp=tp, ep=1, dp=dp, pp=pp, cp=cp, order=order)

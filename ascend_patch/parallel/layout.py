@@ -1,4 +1,4 @@
-"""Megatron's parallel topology: which rank holds which TP / CP / EP / DP / PP coordinate.
+"""The one parallel :class:`Layout`: who holds which TP / CP / EP / DP / PP coordinate, and which layers.
 
 Rank order (megatron-core ``initialize_model_parallel(order="tp-cp-ep-dp-pp")``): the
 dimensions are listed fastest-varying first, so with sizes ``s_0, s_1, ...`` in that
@@ -10,53 +10,22 @@ order a rank is ``c_0 + s_0 * (c_1 + s_1 * (c_2 + ...))``. Two layouts share the
 
 A group for a set of dimensions ("dp-cp", "tp-pp", ...) is every set of ranks that
 agree on all the other dimensions; groups and their members are listed in ascending
-rank order, as megatron-core builds them. The validation functions live in
-:mod:`ascend_patch.comm.preflight` and are re-exported here.
+rank order, as megatron-core builds them.
+
+With ``layer_counts`` (one count per model chunk, virtual-stage-major: (v=0, p=0),
+(v=0, p=1), ..., (v=1, p=0), ...) the layout also places the layers, which is what a
+checkpoint's shards need: :meth:`Layout.build` makes one from a layer count.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from .preflight import (
-    CONVERT_FLAGS,
-    TRAINING_FLAGS,
-    ParallelConfigError,
-    ParallelFlags,
-    check_experts,
-    check_ffn_hidden_size,
-    check_heads,
-    check_layers,
-    check_query_groups,
-    check_seq_length,
-    check_sizes,
-    check_world_size,
-    collect,
-    stage_layer_ranges,
-)
+from .placement import check_layers
+from .sizes import CONVERT_FLAGS, TRAINING_FLAGS, ParallelConfigError, ParallelFlags, check_sizes, check_world_size
 
-__all__ = [
-    "CONVERT_FLAGS",
-    "DEFAULT_ORDER",
-    "DIMENSIONS",
-    "MEGATRON_GROUPS",
-    "ParallelConfigError",
-    "ParallelFlags",
-    "ParallelLayout",
-    "RankRow",
-    "TRAINING_FLAGS",
-    "check_experts",
-    "check_ffn_hidden_size",
-    "check_heads",
-    "check_layers",
-    "check_query_groups",
-    "check_seq_length",
-    "check_world_size",
-    "collect",
-    "parse_order",
-    "stage_layer_ranges",
-]
+__all__ = ["DEFAULT_ORDER", "DIMENSIONS", "MEGATRON_GROUPS", "Layout", "LayoutError", "RankRow", "parse_order"]
 
 DIMENSIONS = ("tp", "cp", "ep", "dp", "pp")
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
@@ -80,27 +49,30 @@ MEGATRON_GROUPS: dict[str, tuple[str, str]] = {
 }
 
 
+class LayoutError(ParallelConfigError):
+    """A layout that cannot hold the model's layers or tensors (the message says why and what fits)."""
+
+
 def parse_order(order: str, sizes: dict[str, int] | None = None) -> tuple[str, ...]:
     """``"tp-cp-ep-dp-pp"`` -> its dimensions; dimensions left out are appended (only if of size 1)."""
     tokens = [t.strip().lower() for t in order.split("-") if t.strip()]
     unknown = [t for t in tokens if t not in DIMENSIONS]
     if unknown:
         raise ParallelConfigError(
-            f"rank order {order!r} names {', '.join(unknown)}; it may use only {', '.join(DIMENSIONS)} "
-            f"(megatron-core's default is {DEFAULT_ORDER!r})", "order")
+            f"rank order {order!r} names {', '.join(unknown)}", "order",
+            f"it may use only {', '.join(DIMENSIONS)} (megatron-core's default is {DEFAULT_ORDER!r})")
     repeated = sorted({t for t in tokens if tokens.count(t) > 1})
     if repeated:
         once = "-".join(dict.fromkeys(tokens))
         raise ParallelConfigError(
-            f"rank order {order!r} repeats {', '.join(repeated)}; name each dimension once, e.g. {once!r} "
-            f"(megatron-core's default is {DEFAULT_ORDER!r})", "order")
+            f"rank order {order!r} repeats {', '.join(repeated)}", "order",
+            f"name each dimension once, e.g. {once!r} (megatron-core's default is {DEFAULT_ORDER!r})")
     missing = [d for d in DIMENSIONS if d not in tokens]
     for dim in missing:
         size = (sizes or {}).get(dim, 1)
         if size != 1:
-            raise ParallelConfigError(
-                f"rank order {order!r} leaves out {dim} but its size is {size}; add {dim} to the order",
-                "order")
+            raise ParallelConfigError(f"rank order {order!r} leaves out {dim} but its size is {size}", "order",
+                                      f"add {dim} to the order")
     return tuple(tokens + missing)
 
 
@@ -121,11 +93,12 @@ class RankRow:
 
 
 @dataclass(frozen=True)
-class ParallelLayout:
-    """TP x CP x DP x PP over ``world_size`` ranks (with EP / expert-TP for MoE layers), in Megatron's order.
+class Layout:
+    """TP x CP x DP x PP over ``world_size`` ranks (EP / expert-TP for MoE layers), in Megatron's order,
+    with VPP model chunks per pipeline rank and, when known, the layers each chunk holds.
 
-    Build it with :meth:`from_world` (which derives DP and validates) or directly with
-    every size; the constructor validates as well.
+    Build it with :meth:`from_world` (derives DP from the world and validates), with
+    :meth:`build` (places a model's layers), or directly; the constructor validates too.
     """
 
     tp: int = 1
@@ -135,10 +108,13 @@ class ParallelLayout:
     ep: int = 1
     expert_tp: int | None = None
     order: str = DEFAULT_ORDER
+    vpp: int = 1
+    layer_counts: tuple[int, ...] | None = None  # per model chunk, virtual-stage-major
     _dims: tuple[str, ...] = field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        check_sizes(tp=self.tp, pp=self.pp, dp=self.dp, cp=self.cp, ep=self.ep, expert_tp=self.expert_tp)
+        check_sizes(tp=self.tp, pp=self.pp, dp=self.dp, cp=self.cp, ep=self.ep, expert_tp=self.expert_tp,
+                    vpp=self.vpp)
         dims = parse_order(self.order, {"tp": self.tp, "cp": self.cp, "ep": self.ep, "dp": self.dp,
                                         "pp": self.pp})
         object.__setattr__(self, "_dims", dims)
@@ -148,16 +124,32 @@ class ParallelLayout:
             raise ParallelConfigError(
                 f"with rank order {self.order!r} (pp not last) and PP={self.pp}, the expert layout's DP "
                 f"({self.expert_dp} = world / (expert-TP x EP x PP)) must equal the dense DP ({self.dp}), as "
-                f"megatron-core requires even without experts; use order {DEFAULT_ORDER!r}, or sizes with "
-                f"expert-TP x EP = TP x CP", "order")
+                f"megatron-core requires even without experts", "order",
+                f"use order {DEFAULT_ORDER!r}, or sizes with expert-TP x EP = TP x CP")
+        if self.layer_counts is not None and len(self.layer_counts) != self.pp * self.vpp:
+            raise LayoutError(f"{len(self.layer_counts)} layer counts given for {self.pp} stages x "
+                              f"{self.vpp} virtual chunks", "layer-list")
 
     @classmethod
     def from_world(cls, world_size: int, tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1,
                    expert_tp: int | None = None, order: str = DEFAULT_ORDER, dp: int | None = None,
-                   flags: ParallelFlags = TRAINING_FLAGS) -> ParallelLayout:
+                   flags: ParallelFlags = TRAINING_FLAGS) -> Layout:
         """The layout for ``world_size`` ranks; DP = world / (TP x PP x CP) (raises with remedies)."""
         derived = check_world_size(world_size, tp, pp, cp, dp, ep, expert_tp, flags=flags)
         return cls(tp=tp, pp=pp, dp=derived, cp=cp, ep=ep, expert_tp=expert_tp, order=order)
+
+    @classmethod
+    def build(cls, num_layers: int, tp: int = 1, pp: int = 1, vpp: int = 1,
+              num_layer_list: Sequence[int] | None = None, flags: ParallelFlags = CONVERT_FLAGS) -> Layout:
+        """``num_layers`` placed evenly, or by ``num_layer_list`` (one count per stage, no virtual chunks)."""
+        return cls(tp=tp, pp=pp, vpp=vpp, layer_counts=place_layers(num_layers, pp, vpp, num_layer_list, flags))
+
+    def placed(self, num_layers: int, num_layer_list: Sequence[int] | None = None,
+               flags: ParallelFlags = CONVERT_FLAGS) -> Layout:
+        """This layout with ``num_layers`` placed on its stages and chunks (see :meth:`build`)."""
+        from dataclasses import replace
+
+        return replace(self, layer_counts=place_layers(num_layers, self.pp, self.vpp, num_layer_list, flags))
 
     # -- sizes ---------------------------------------------------------------------------
 
@@ -251,8 +243,6 @@ class ParallelLayout:
         out["position_embedding"] = [[g[0]] for g in self.groups("pp")]
         return out
 
-    # -- the table a user draws by hand -------------------------------------------------------
-
     def rank_table(self, nproc_per_node: int | None = None) -> list[RankRow]:
         """One row per rank; ``nproc_per_node`` (default: everything on one node) gives node/local rank."""
         per_node = nproc_per_node or self.world_size
@@ -271,3 +261,64 @@ class ParallelLayout:
         if self.ep > 1 or self.etp != self.tp:
             text += f"; experts: expert-TP={self.etp} x EP={self.ep} x expert-DP={self.expert_dp} x PP={self.pp}"
         return text
+
+    # -- layers on stages and chunks -----------------------------------------------------------
+
+    def _counts(self) -> tuple[int, ...]:
+        if self.layer_counts is None:
+            raise LayoutError("this layout places no layers", "layers",
+                              "build it with Layout.build(num_layers, ...) or layout.placed(num_layers)")
+        return self.layer_counts
+
+    @property
+    def num_layers(self) -> int:
+        return sum(self._counts())
+
+    @property
+    def even(self) -> bool:
+        return len(set(self._counts())) == 1
+
+    def stage_layers(self) -> list[int]:
+        """Layers per pipeline stage (all its chunks together)."""
+        counts = self._counts()
+        return [sum(counts[v * self.pp + p] for v in range(self.vpp)) for p in range(self.pp)]
+
+    def chunk_index(self, pp_rank: int, vp: int) -> int:
+        return vp * self.pp + pp_rank
+
+    def layers(self, pp_rank: int, vp: int = 0) -> range:
+        """Global layer indices held by model chunk ``vp`` of pipeline rank ``pp_rank``."""
+        counts = self._counts()
+        c = self.chunk_index(pp_rank, vp)
+        start = sum(counts[:c])
+        return range(start, start + counts[c])
+
+    def is_first(self, pp_rank: int, vp: int) -> bool:
+        return pp_rank == 0 and vp == 0
+
+    def is_last(self, pp_rank: int, vp: int) -> bool:
+        return pp_rank == self.pp - 1 and vp == self.vpp - 1
+
+    def ranks(self) -> Iterator[tuple[int, int]]:
+        """(tp_rank, pp_rank) of each model-parallel rank in checkpoint file order."""
+        for p in range(self.pp):
+            for t in range(self.tp):
+                yield t, p
+
+    def describe_shards(self) -> str:
+        """``TP 2, PP 3, layers 2,4,2``: how a checkpoint of this layout is cut."""
+        extra = f", VPP {self.vpp}" if self.vpp > 1 else ""
+        counts = "" if self.even else f", layers {','.join(map(str, self._counts()))}"
+        return f"TP {self.tp}, PP {self.pp}{extra}{counts}"
+
+
+def place_layers(num_layers: int, pp: int, vpp: int = 1, num_layer_list: Sequence[int] | None = None,
+                 flags: ParallelFlags = CONVERT_FLAGS) -> tuple[int, ...]:
+    """Layer counts per model chunk (virtual-stage-major) for ``num_layers`` over PP x VPP; raises LayoutError."""
+    try:
+        stages = check_layers(num_layers, pp, vpp, num_layer_list, flags=flags)
+    except ParallelConfigError as exc:
+        raise LayoutError(exc.finding.message, exc.code, exc.finding.remedy) from None
+    if vpp > 1:
+        return (num_layers // (pp * vpp),) * (pp * vpp)
+    return tuple(stages)
