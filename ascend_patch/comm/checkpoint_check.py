@@ -15,6 +15,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
+from ..loaders.megatron_layout import rank_dirs
 from .checkpoint_probe import CheckpointLayout
 from ..parallel import (
     ParallelConfigError,
@@ -79,14 +80,6 @@ def saved_stages(ckpt: CheckpointLayout, num_layers: int | None) -> list[int] | 
     return [num_layers // pp] * pp if num_layers % pp == 0 else None
 
 
-def _folder(t: int, p: int, e: int, pp: int, ep: int) -> str:
-    return f"mp_rank_{t:02d}" + (f"_{p:03d}" if pp > 1 else "") + (f"_{e:03d}" if ep > 1 else "")
-
-
-def _folders(tp: int, pp: int, ep: int) -> list[str]:
-    return [_folder(t, p, e, pp, ep) for t in range(tp) for p in range(pp) for e in range(ep)]
-
-
 def _range(names: list[str]) -> str:
     return f"{names[0]}/ .. {names[-1]}/" if len(names) > 1 else f"{names[0]}/"
 
@@ -98,8 +91,8 @@ def _span(start: int, count: int) -> str:
 def _what_differs(ckpt: CheckpointLayout, launch: LaunchLayout, stages: list[int] | None) -> str:
     """Which rank folders and files the launch would read, and why they do not fit."""
     tp, pp, ep, vpp = ckpt.tp or 1, ckpt.pp or 1, ckpt.ep or 1, ckpt.vpp or 1
-    have = _folders(tp, pp, ep)
-    want = _folders(launch.tp, launch.pp, launch.ep)
+    have = rank_dirs(tp, pp, ep)
+    want = rank_dirs(launch.tp, launch.pp, launch.ep)
     missing = [f for f in want if f not in set(have)]
     if missing:
         who = "rank 0" if missing[0] == want[0] else "the launch"

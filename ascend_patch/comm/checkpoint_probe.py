@@ -24,9 +24,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..loaders.megatron_layout import (RANK_FILE, RELEASE, TRACKER, chunk_index, chunk_names, is_distributed,
+                                       iteration_dir, iteration_dirs, iteration_of, parse_rank_dir, rank_coordinates,
+                                       rank_dir, read_tracker)
+
 __all__ = ["CheckpointLayout", "probe_checkpoint"]
 
-_RANK_DIR = re.compile(r"mp_rank_(\d{2})(?:_(\d{3}))?(?:_(\d{3}))?\Z")
 _ARG_NAMES = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size",
               "expert_tensor_parallel_size", "context_parallel_size", "virtual_pipeline_model_parallel_size",
               "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
@@ -58,30 +61,27 @@ class CheckpointLayout:
 
 
 def _read_iteration(path: str, layout: CheckpointLayout) -> str | None:
-    tracker = os.path.join(path, "latest_checkpointed_iteration.txt")
-    if not os.path.exists(tracker):
-        found = sorted(d for d in os.listdir(path) if re.fullmatch(r"iter_\d{7}", d) or d == "release")
+    from ..loaders.blocks import CorruptCheckpoint
+
+    if not os.path.exists(os.path.join(path, TRACKER)):
+        found = iteration_dirs(path)
         if not found:
-            layout.problems.append(f"{path} has no latest_checkpointed_iteration.txt and no iter_XXXXXXX/ "
+            layout.problems.append(f"{path} has no {TRACKER} and no iter_XXXXXXX/ "
                                    "or release/ folder: it is not a Megatron checkpoint directory")
             return None
-        layout.notes.append(f"no latest_checkpointed_iteration.txt; using the newest folder {found[-1]}")
+        layout.notes.append(f"no {TRACKER}; using the newest folder {found[-1]}")
         name = found[-1]
     else:
-        with open(tracker, encoding="utf-8") as f:
-            text = f.read().strip()
-        if text == "release":
-            name = "release"
-        else:
-            try:
-                name = f"iter_{int(text):07d}"
-            except ValueError:
-                layout.problems.append(f"{tracker} holds {text!r}, neither an iteration number nor 'release'")
-                return None
-    layout.iteration = 0 if name == "release" else int(name[5:])
+        try:
+            name = iteration_dir(read_tracker(path))
+        except CorruptCheckpoint as exc:
+            layout.problems.append(str(exc))
+            return None
+    iteration = iteration_of(name)
+    layout.iteration = 0 if iteration == RELEASE else iteration
     directory = os.path.join(path, name)
     if not os.path.isdir(directory):
-        layout.problems.append(f"latest_checkpointed_iteration.txt points at {name}/, which does not exist in {path}")
+        layout.problems.append(f"{TRACKER} points at {name}/, which does not exist in {path}")
         return None
     return directory
 
@@ -96,9 +96,6 @@ def _full_load(file: str) -> Any:
         if "mmap" not in str(exc):
             raise
         return torch.load(file, map_location="cpu", weights_only=False)  # legacy (non-zip) file
-
-
-_CHUNK = re.compile(r"model(\d+)\Z")
 
 
 def _load_state(file: str, trust: bool, layout: CheckpointLayout) -> dict[str, Any] | None:
@@ -135,13 +132,14 @@ def _read_rank_file(file: str, trust: bool, layout: CheckpointLayout) -> None:
     state = _load_state(file, trust, layout)
     if state is None:
         return
-    chunks = sorted(int(m.group(1)) for m in map(_CHUNK.match, (k for k in state if isinstance(k, str))) if m)
-    if chunks:
+    names = chunk_names(state)
+    if names and names != ["model"]:
+        chunks = [chunk_index(n) for n in names]
         layout.vpp = len(chunks)
         if chunks != list(range(len(chunks))):
             layout.problems.append(f"{os.path.basename(file)} holds model chunks "
                                    f"{', '.join(f'model{c}' for c in chunks)}: some are missing")
-    elif "model" in state:
+    elif names:
         layout.vpp = 1
     args = state.get("args")
     if args is None:
@@ -167,8 +165,7 @@ def probe_checkpoint(path: str, trust: bool = False) -> CheckpointLayout:
     if directory is None:
         return layout
     layout.iteration_dir = directory
-    entries = os.listdir(directory)
-    if ".metadata" in entries or "metadata.json" in entries:
+    if is_distributed(directory):
         layout.format = "torch_dist"
         common = os.path.join(directory, "common.pt")
         if os.path.exists(common):
@@ -177,24 +174,24 @@ def probe_checkpoint(path: str, trust: bool = False) -> CheckpointLayout:
         layout.pp = layout.args.get("pipeline_model_parallel_size")
         layout.ep = layout.args.get("expert_model_parallel_size")
         return layout
-    ranks = [(_RANK_DIR.match(e), e) for e in entries]
+    ranks = [(parse_rank_dir(e), e) for e in os.listdir(directory)]
     ranks = [(m, e) for m, e in ranks if m is not None and os.path.isdir(os.path.join(directory, e))]
     if not ranks:
         layout.problems.append(f"{directory} has no mp_rank_* folders and no distributed-checkpoint metadata")
         return layout
     layout.format = "torch"
     first = sorted(e for _, e in ranks)[0]
-    rank_file = os.path.join(directory, first, "model_optim_rng.pt")
+    rank_file = os.path.join(directory, first, RANK_FILE)
     if os.path.exists(rank_file):
         _read_rank_file(rank_file, trust, layout)
-    parts = {len([g for g in m.groups() if g is not None]) for m, _ in ranks}
-    if len(parts) > 1:
+    widths = {sum(g is not None for g in m) for m, _ in ranks}
+    if len(widths) > 1:
         layout.problems.append(f"{directory} mixes mp_rank_* folder shapes ({', '.join(sorted(e for _, e in ranks))})")
         return layout
-    width = parts.pop()
-    tps = {int(m.group(1)) for m, _ in ranks}
-    seconds = {int(m.group(2)) for m, _ in ranks if m.group(2) is not None}
-    thirds = {int(m.group(3)) for m, _ in ranks if m.group(3) is not None}
+    width = widths.pop()
+    tps = {m[0] for m, _ in ranks}
+    seconds = {m[1] for m, _ in ranks if m[1] is not None}
+    thirds = {m[2] for m, _ in ranks if m[2] is not None}
     layout.tp = max(tps) + 1
     args_pp = layout.args.get("pipeline_model_parallel_size")
     args_ep = layout.args.get("expert_model_parallel_size")
@@ -210,15 +207,10 @@ def probe_checkpoint(path: str, trust: bool = False) -> CheckpointLayout:
             layout.notes.append("mp_rank_TT_XXX folders read as TP x PP (they would be TP x EP for an "
                                 "EP>1, PP=1 checkpoint; the saved args would tell)")
     expected = {(t, p, e) for t in range(layout.tp) for p in range(layout.pp) for e in range(layout.ep)}
-    present = set()
-    for m, _ in ranks:
-        t = int(m.group(1))
-        second = int(m.group(2)) if m.group(2) is not None else 0
-        third = int(m.group(3)) if m.group(3) is not None else 0
-        present.add((t, second, third) if width == 3 else ((t, second, 0) if layout.ep == 1 else (t, 0, second)))
+    present = {rank_coordinates(m, layout.pp, layout.ep) for m, _ in ranks}
     missing = sorted(expected - present)
     if missing:
-        names = ", ".join(_folder(t, p, e, layout) for t, p, e in missing[:6])
+        names = ", ".join(rank_dir(t, p, e, pp=layout.pp, ep=layout.ep) for t, p, e in missing[:6])
         more = f" and {len(missing) - 6} more" if len(missing) > 6 else ""
         layout.problems.append(f"{directory} is incomplete: TP={layout.tp} x PP={layout.pp} x EP={layout.ep} "
                                f"needs {len(expected)} rank folders, {names}{more} missing")
@@ -229,11 +221,3 @@ def probe_checkpoint(path: str, trust: bool = False) -> CheckpointLayout:
             layout.problems.append(f"the saved args say {name}={saved} but the folders say {folder_value}")
     return layout
 
-
-def _folder(t: int, p: int, e: int, layout: CheckpointLayout) -> str:
-    name = f"mp_rank_{t:02d}"
-    if (layout.pp or 1) > 1:
-        name += f"_{p:03d}"
-    if (layout.ep or 1) > 1:
-        name += f"_{e:03d}"
-    return name

@@ -24,40 +24,16 @@ from ..dtypes import canonical as canonical_dtype
 from .blocks import CorruptCheckpoint
 from .formats import CheckpointLoader, CheckpointSaver, ConvertOptions, SourceCheckpoint, TargetFile, TargetPlan
 from .megatron_args import build_args, config_from_args
+from .megatron_layout import (RANK_FILE, RELEASE, TRACKER, chunk_names, is_distributed, iteration_dir, iteration_of,
+                              parse_rank_dir, rank_coordinates, rank_dir, read_tracker)
 from .preflight import Problem, check_pipeline_split, check_tensor_split, check_tensors, check_vocab
 from .resolve import resolve_family, weight_map_for
 
-__all__ = ["MegatronLoader", "MegatronSaver", "TRACKER", "rank_dir", "iteration_dir", "read_tracker"]
-
-TRACKER = "latest_checkpointed_iteration.txt"
-FILENAME = "model_optim_rng.pt"
-_RANK = re.compile(r"^mp_rank_(\d{2})(?:_(\d{3}))?(?:_(\d{3}))?$")
-
-
-def rank_dir(tp_rank: int, pp_rank: int, pp: int) -> str:
-    return f"mp_rank_{tp_rank:02d}" if pp == 1 else f"mp_rank_{tp_rank:02d}_{pp_rank:03d}"
-
-
-def iteration_dir(iteration: int | str) -> str:
-    return "release" if iteration == "release" else f"iter_{int(iteration):07d}"
-
-
-def read_tracker(path: str) -> int | str:
-    tracker = os.path.join(path, TRACKER)
-    with open(tracker, encoding="utf-8") as f:
-        text = f.read().strip()
-    if text == "release":
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise CorruptCheckpoint(f"{tracker} holds {text!r}, not an iteration number or 'release'") from None
+__all__ = ["MegatronLoader", "MegatronSaver"]
 
 
 def _chunk_names(state: Mapping[str, Any], path: str) -> list[str]:
-    if "model" in state:
-        return ["model"]
-    names = sorted((k for k in state if re.fullmatch(r"model\d+", k)), key=lambda k: int(k[5:]))
+    names = chunk_names(state)
     if not names:
         raise CorruptCheckpoint(f"{path} holds no 'model' or 'model0..' state dict (keys: {', '.join(sorted(state))})")
     return names
@@ -82,12 +58,13 @@ class MegatronLoader(CheckpointLoader):
         root, iteration = self._locate(path)
         ranks: dict[tuple[int, int], str] = {}
         for entry in sorted(os.listdir(root)):
-            m = _RANK.match(entry)
-            if not m:
+            parts = parse_rank_dir(entry)
+            if parts is None:
                 continue
-            if m.group(3) is not None:
+            if parts[2] is not None:
                 raise CorruptCheckpoint(f"{root}/{entry}: expert-parallel checkpoints (EP > 1) are not supported")
-            ranks[(int(m.group(1)), int(m.group(2) or 0))] = os.path.join(root, entry, FILENAME)
+            t, p, _ = rank_coordinates(parts)
+            ranks[(t, p)] = os.path.join(root, entry, RANK_FILE)
         if not ranks:
             raise CorruptCheckpoint(f"{root} holds no mp_rank_* directories")
         tp = 1 + max(t for t, _ in ranks)
@@ -202,15 +179,13 @@ class MegatronLoader(CheckpointLoader):
             root = os.path.join(path, iteration_dir(iteration))
             if not os.path.isdir(root):
                 raise CorruptCheckpoint(f"{TRACKER} in {path} names iteration {iteration} but {root} does not exist")
-            if os.path.isfile(os.path.join(root, "metadata.json")) or any(
-                    f.endswith(".distcp") for f in os.listdir(root)):
+            if is_distributed(root):
                 raise CorruptCheckpoint(f"{root} is a torch_dist (distributed) checkpoint; this loader reads the "
                                         "legacy torch format (save with --ckpt-format torch)")
             return root, iteration
-        if any(_RANK.match(e) for e in os.listdir(path)):  # the user pointed at iter_XXXXXXX itself
-            base = os.path.basename(os.path.normpath(path))
-            m = re.fullmatch(r"iter_(\d+)", base)
-            return path, int(m.group(1)) if m else "release"
+        if any(parse_rank_dir(e) for e in os.listdir(path)):  # the user pointed at iter_XXXXXXX itself
+            found = iteration_of(os.path.basename(os.path.normpath(path)))
+            return path, found if found is not None else RELEASE
         entries = ", ".join(sorted(os.listdir(path))[:10]) or "nothing"
         raise CorruptCheckpoint(f"{path} has no {TRACKER} and no mp_rank_* directories (found: {entries}); "
                                 "is this a Megatron legacy checkpoint?")
@@ -257,9 +232,9 @@ class MegatronSaver(CheckpointSaver):
         files = []
         wm = source.weight_map
         for t, p in layout.ranks():
-            rel = f"{iteration_dir(iteration)}/{rank_dir(t, p, pp)}/{FILENAME}"
+            rel = f"{iteration_dir(iteration)}/{rank_dir(t, p, pp=pp)}/{RANK_FILE}"
             obj: dict[str, Any] = {"args": args, "checkpoint_version": 3.0,
-                                   "iteration": 0 if iteration == "release" else iteration}
+                                   "iteration": 0 if iteration == RELEASE else iteration}
             plans: list[TensorPlan] = []
             for v in range(layout.vpp):
                 chunk = "model" if layout.vpp == 1 else f"model{v}"
@@ -274,7 +249,7 @@ class MegatronSaver(CheckpointSaver):
                 obj[chunk] = state
             obj["ascend_patch"] = meta
             files.append(TargetFile(relpath=rel, format="torch", tensors=plans, dtype=dtype, skeleton=obj))
-        tracker = ("release" if iteration == "release" else str(iteration)).encode()
+        tracker = (RELEASE if iteration == RELEASE else str(iteration)).encode()
         return TargetPlan(files=files, commit_files={TRACKER: tracker}, layout=layout, naming=options.naming,
                           padded_vocab=padded,
                           description=f"megatron legacy, {layout.describe_shards()}, {options.naming} naming, {dtype}")

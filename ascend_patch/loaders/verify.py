@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,12 +25,12 @@ from ..models.weightmap import LayoutError, TensorPlan, compose
 from ..dtypes import itemsize
 from .blocks import BlockFiller, FileCache, raw_to_torch, row_blocks
 from .formats import ConvertOptions, SourceCheckpoint, get_format_registry
+from .megatron_layout import chunk_index, parse_rank_dir, rank_coordinates
 from .preflight import Problem
 
 __all__ = ["verify", "VerifyReport", "detect_loader", "compare_keys"]
 
 _BLOCK = 16 * 1024 * 1024
-_RANKFILE = re.compile(r"mp_rank_(\d{2})(?:_(\d{3}))?/[^#]*#model(\d*)$")
 
 
 @dataclass
@@ -190,11 +189,12 @@ def _check_key_sets(out: SourceCheckpoint, report: VerifyReport) -> None:
         from .mcore_keys import megatron_expected_state
 
         for where, found in sorted(out.inventory.items()):
-            m = _RANKFILE.search(where.replace(os.sep, "/"))
-            if not m:
+            rel, _, chunk = where.partition("#")  # the mg loader's "<rank file>#<model chunk>"
+            parts = parse_rank_dir(os.path.basename(os.path.dirname(rel)))
+            if parts is None or not chunk:
                 continue
-            pp_rank = int(m.group(2) or 0)
-            vp = int(m.group(3) or 0)
+            _, pp_rank, _ = rank_coordinates(parts)
+            vp = chunk_index(chunk)
             expected = megatron_expected_state(out.config, out.layout, pp_rank, vp, out.naming or "local",
                                                out.padded_vocab)
             report.problems += compare_keys(expected, found, f"{where} vs megatron-core GPTModel")
