@@ -17,7 +17,7 @@ __all__ = ["main", "COMMAND_MODULES"]
 # Modules that register subcommands, in the order `--help` lists them.
 COMMAND_MODULES: tuple[str, ...] = (
     "ascend_patch.cli",
-    "ascend_patch.comm.check",
+    "ascend_patch.check",
     "ascend_patch.loaders.cli",
     "ascend_patch.demo",
     "ascend_patch.models.args_cli",

@@ -1,1 +1,1 @@
-"""Collectives and parallel topology on the target."""
+"""Collectives on the target: nccl -> hccl (gloo on cpu), process groups and NCCL settings."""

@@ -15,8 +15,7 @@ import pytest
 import torch
 
 from ascend_patch.cli import main
-from ascend_patch.comm.check import convert_command, preflight
-from ascend_patch.comm.checkpoint_probe import probe_checkpoint
+from ascend_patch.check import convert_command, preflight, probe_checkpoint
 
 
 def make_checkpoint(root, tp=1, pp=1, ep=1, iteration=100, args=None, skip=(), with_args=True, vpp=1,

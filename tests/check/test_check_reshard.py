@@ -16,7 +16,7 @@ from ascend_patch.cli import main
 
 def _loaders_tiny():
     """The converter tests' tiny HF models (tests/loaders/loaders_tiny.py), without touching sys.path."""
-    spec = importlib.util.spec_from_file_location("comm_loaders_tiny",
+    spec = importlib.util.spec_from_file_location("check_loaders_tiny",
                                                   os.path.join(REPO, "tests", "loaders", "loaders_tiny.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -16,7 +16,7 @@ import shlex
 from dataclasses import dataclass
 
 from ..loaders.megatron_layout import rank_dirs
-from .checkpoint_probe import CheckpointLayout
+from .probe import CheckpointLayout
 from ..parallel import (
     ParallelConfigError,
     parse_layer_list,

@@ -1,11 +1,10 @@
 """What parallel layout a Megatron checkpoint directory was saved with, read without loading weights.
 
-The legacy ``torch`` format is ``<dir>/latest_checkpointed_iteration.txt`` (an
-iteration or ``release``) and ``<dir>/iter_XXXXXXX/mp_rank_TT[_PPP][_EEE]/`` folders:
-``_PPP`` appears when PP > 1 and ``_EEE`` when EP > 1, so a two-part name
-(``mp_rank_00_001``) is PP or EP; the saved ``args`` decide, and without them it is
-read as PP. The ``torch_dist`` format (``.metadata`` / ``metadata.json`` in the
-iteration folder) is re-sharded on load and has no per-rank folders.
+The directory is read as :mod:`ascend_patch.loaders.megatron_layout` spells it: the
+tracker file, the iteration folder, and in the legacy ``torch`` format one
+``mp_rank_TT[_PPP][_EEE]/`` folder per rank, where a two-part name is PP or EP (the saved
+``args`` decide; without them it is read as PP). The ``torch_dist`` format is re-sharded
+on load and has no per-rank folders.
 
 ``args`` is read from the first rank file by the converter's safe reader
 (:func:`ascend_patch.loaders.torch_io.safe_load`: weights-only unpickling, tensors on the
