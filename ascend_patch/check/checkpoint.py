@@ -13,31 +13,13 @@ launch at the saved sizes, or to have Megatron-LM rewrite the checkpoint in the
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 from ..loaders.megatron_layout import rank_dirs
+from ..parallel import Layout, ParallelConfigError, parse_layer_list, stages_from_first_last, training_split_flags
 from .probe import CheckpointLayout
-from ..parallel import (
-    ParallelConfigError,
-    parse_layer_list,
-    stages_from_first_last,
-    training_split_flags,
-)
 
-__all__ = ["LaunchLayout", "checkpoint_findings", "convert_command", "resharded_dir", "saved_stages"]
-
-
-@dataclass(frozen=True)
-class LaunchLayout:
-    """The sizes a launch would load a checkpoint at."""
-
-    tp: int
-    pp: int
-    ep: int = 1
-    vpp: int = 1
-    stages: tuple[int, ...] | None = None  # layers per pipeline stage, when known
-    layer_list: tuple[int, ...] | None = None  # an explicit uneven split the launch uses
-    num_layers: int | None = None
+__all__ = ["checkpoint_findings", "convert_command", "resharded_dir", "saved_stages"]
 
 
 def resharded_dir(load_dir: str, tp: int, pp: int, vpp: int = 1) -> str:
@@ -88,7 +70,8 @@ def _span(start: int, count: int) -> str:
     return f"layer {start}" if count == 1 else f"layers {start}-{start + count - 1}"
 
 
-def _what_differs(ckpt: CheckpointLayout, launch: LaunchLayout, stages: list[int] | None) -> str:
+def _what_differs(ckpt: CheckpointLayout, launch: Layout, stages: list[int] | None,
+                  launch_stages: list[int] | None) -> str:
     """Which rank folders and files the launch would read, and why they do not fit."""
     tp, pp, ep, vpp = ckpt.tp or 1, ckpt.pp or 1, ckpt.ep or 1, ckpt.vpp or 1
     have = rank_dirs(tp, pp, ep)
@@ -101,9 +84,9 @@ def _what_differs(ckpt: CheckpointLayout, launch: LaunchLayout, stages: list[int
                 f"(it has {_range(have)})")
     parts = []
     if pp != launch.pp:
-        if stages and vpp == 1 and launch.vpp == 1 and launch.stages:
+        if stages and vpp == 1 and launch.vpp == 1 and launch_stages:
             parts.append(f"{have[0]}/ holds {_span(0, stages[0])} (PP={pp}) where stage 0 at PP={launch.pp} "
-                         f"needs {_span(0, launch.stages[0])}")
+                         f"needs {_span(0, launch_stages[0])}")
         else:
             parts.append(f"{have[0]}/ holds 1/{pp} of the layers (PP={pp}) where stage 0 at PP={launch.pp} "
                          f"needs 1/{launch.pp}")
@@ -120,7 +103,7 @@ def _what_differs(ckpt: CheckpointLayout, launch: LaunchLayout, stages: list[int
     return f"the folders the launch reads exist ({_range(want)}), but " + "; ".join(parts) + tail
 
 
-def _is_expert(ckpt: CheckpointLayout, launch: LaunchLayout) -> bool:
+def _is_expert(ckpt: CheckpointLayout, launch: Layout) -> bool:
     return (ckpt.ep or 1) > 1 or launch.ep > 1 or bool(ckpt.args.get("num_experts"))
 
 
@@ -138,8 +121,13 @@ def _expert_remedy(ckpt: CheckpointLayout) -> str:
             f"--ckpt-format torch_dist")
 
 
-def checkpoint_findings(ckpt: CheckpointLayout, launch: LaunchLayout) -> tuple[list[str], list[str]]:
-    """(errors, notes) about loading ``ckpt`` at ``launch``; the checkpoint's own problems come first."""
+def checkpoint_findings(ckpt: CheckpointLayout, launch: Layout,
+                        layer_list: Sequence[int] | None = None) -> tuple[list[str], list[str]]:
+    """(errors, notes) about loading ``ckpt`` at ``launch``; the checkpoint's own problems come first.
+
+    ``launch`` places the model's layers when the model is known; ``layer_list`` is the
+    uneven split the launch was given explicitly (the re-shard command repeats it).
+    """
     errors, notes = list(ckpt.problems), list(ckpt.notes)
     if ckpt.format == "unknown":
         return errors, notes
@@ -150,27 +138,28 @@ def checkpoint_findings(ckpt: CheckpointLayout, launch: LaunchLayout) -> tuple[l
     sizes = (("TP", ckpt.tp, launch.tp), ("PP", ckpt.pp, launch.pp), ("EP", ckpt.ep, launch.ep),
              ("VPP", ckpt.vpp, launch.vpp))
     differs = [(name, saved, now) for name, saved, now in sizes if saved is not None and saved != now]
-    stages = saved_stages(ckpt, launch.num_layers)
-    placement = (not differs and launch.stages is not None and stages is not None
-                 and list(stages) != list(launch.stages))
+    launch_stages = launch.stage_layers() if launch.layer_counts is not None else None
+    stages = saved_stages(ckpt, launch.num_layers if launch_stages is not None else None)
+    placement = (not differs and launch_stages is not None and stages is not None
+                 and list(stages) != launch_stages)
     if not differs and not placement:
         return errors, notes
     vpp_flag = launch.vpp if (ckpt.vpp or 1) > 1 or launch.vpp > 1 else None
-    command = convert_command(ckpt.path, launch.tp, launch.pp, vpp_flag, launch.layer_list)
+    command = convert_command(ckpt.path, launch.tp, launch.pp, vpp_flag, layer_list)
     then = shlex.quote(resharded_dir(ckpt.path, launch.tp, launch.pp, launch.vpp))
     if placement:
         head = (f"this checkpoint places layers {','.join(map(str, stages or []))} on its {ckpt.pp} pipeline "
-                f"stages but the launch places {','.join(map(str, launch.stages or []))}. ")
+                f"stages but the launch places {','.join(map(str, launch_stages or []))}. ")
     else:
         what = " and ".join(f"{n}={s}" for n, s, _ in differs)
         now = " and ".join(f"{n}={v}" for n, _, v in differs)
         head = (f"this checkpoint was saved with {what} but you are launching {now}: the torch format cannot be "
-                f"re-sharded on load ({_what_differs(ckpt, launch, stages)}). ")
+                f"re-sharded on load ({_what_differs(ckpt, launch, stages, launch_stages)}). ")
     if _is_expert(ckpt, launch):
         errors.append(head + _expert_remedy(ckpt))
         return errors, notes
     errors.append(head + f"Re-shard it first:\n      {command}\n    then launch with --load {then}")
-    if launch.layer_list and (flags := training_split_flags(launch.layer_list)):
-        notes.append(f"the re-sharded checkpoint places layers {','.join(map(str, launch.layer_list))}; "
+    if layer_list and (flags := training_split_flags(layer_list)):
+        notes.append(f"the re-sharded checkpoint places layers {','.join(map(str, layer_list))}; "
                      f"train with {flags} to build the same stages")
     return errors, notes

@@ -30,7 +30,7 @@ from ..parallel import (
     RankRow,
     training_split_flags,
 )
-from .checkpoint import LaunchLayout, checkpoint_findings
+from .checkpoint import checkpoint_findings
 from .probe import CheckpointLayout, probe_checkpoint
 
 # check takes a per-stage list (--num-layer-list) to describe the launch; remedies name training's flags
@@ -226,11 +226,17 @@ def preflight(world_size: int | None = None, nnodes: int | None = None, nproc_pe
     if layout is not None:
         _node_warnings(report, layout)
         if report.checkpoint is not None:
-            launch = LaunchLayout(layout.tp, layout.pp, layout.ep, vpp or 1, tuple(stages) if stages else None,
-                                  tuple(layer_list) if layer_list else None, m.num_layers if m else None)
-            errors, notes = checkpoint_findings(report.checkpoint, launch)
-            report.errors.extend(errors)
-            report.notes.extend(notes)
+            try:  # the launch's layout with its model chunks, and its layers when the model is known
+                launch = replace(layout, vpp=vpp or 1)
+                if stages and m is not None and m.num_layers:
+                    launch = launch.placed(m.num_layers, layer_list, flags=CHECK_FLAGS)
+            except ParallelConfigError as exc:  # already reported when the model is known
+                if str(exc) not in report.errors:
+                    report.errors.append(str(exc))
+            else:
+                errors, notes = checkpoint_findings(report.checkpoint, launch, layer_list)
+                report.errors.extend(errors)
+                report.notes.extend(notes)
     elif report.checkpoint is not None:
         report.errors.extend(report.checkpoint.problems)
     from ..comm.env import nccl_environment
