@@ -29,12 +29,14 @@ __all__ = [
     "NPU_TORCH_KERNEL_NAMES",
     "Selection",
     "UnsupportedOnTarget",
+    "active_backend",
     "carry_over_environment",
     "cpu_backend",
     "npu_backend",
     "probe_npu",
     "restore_environment",
     "select_backend",
+    "set_active_backend",
 ]
 
 # The torch_npu kernels the ops adaptors may call (documented torch_npu API).
@@ -151,6 +153,24 @@ class Backend:
         if self.keeps_index and index is not None:
             return torch.device(self.device_type, index)
         return torch.device(self.device_type)
+
+
+_active: Backend | None = None
+
+
+def active_backend() -> Backend | None:
+    """The target this process is patched for, or None when nothing is applied.
+
+    The patch manager (above every other layer) sets it; code below the manager that
+    needs the target's kernels at run time (the models' attention) reads it here.
+    """
+    return _active
+
+
+def set_active_backend(backend: Backend | None) -> None:
+    """Record the target the patch manager applied (None after remove())."""
+    global _active
+    _active = backend
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from typing import Any
 
 import wrapt
 
-from ..backend import Backend, Selection, select_backend
+from ..backend import Backend, Selection, select_backend, set_active_backend
 from ..config import Settings, read_settings
 from ..patch import Patch, PatchKind
 from .. import usage
@@ -199,6 +199,7 @@ class PatchManager:
                 self._restore_env()
                 raise
             self.active = True
+            set_active_backend(self.backend)
             self.generation += 1
             self.statuses = [PatchStatus(p, "pending") for p in patches]
             ready: list[PatchStatus] = []
@@ -442,6 +443,7 @@ class PatchManager:
             usage.set_recorder(None)
             self.active = False
             self.backend = None
+            set_active_backend(None)
 
     def _restore_env(self) -> None:
         for name, before in reversed(self._env):

@@ -16,12 +16,13 @@ way. Names and aliases are unique across plugins; an unknown name lists the know
 
 from __future__ import annotations
 
-import math
 import abc
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..dtypes import itemsize
 from ..models.weightmap import Piece, TensorPlan, WeightMap
 from ..parallel import Layout
 
@@ -71,8 +72,6 @@ class TensorInfo:
 
     @property
     def nbytes(self) -> int:
-        from ..dtypes import itemsize
-
         return math.prod(self.shape) * itemsize(self.dtype)
 
 
@@ -138,8 +137,6 @@ class TargetFile:
 
     @property
     def nbytes(self) -> int:
-        from ..dtypes import itemsize
-
         return sum(math.prod(t.shape) for t in self.tensors) * itemsize(self.dtype)
 
 

@@ -35,7 +35,7 @@ from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.utils import divide
 
-from .. import active_backend
+from ..backend import active_backend
 from ..ops.attention_npu import compressed_causal_mask, npu_supports
 
 __all__ = ["ContextParallelAttention", "all_gather_sequence", "attend"]

@@ -21,7 +21,8 @@ from typing import Any
 
 from ..dtypes import short_name
 
-__all__ = ["ModelConfig", "ConfigMismatch", "load_hf_config", "read_config_json", "sliding_window"]
+__all__ = ["ModelConfig", "ConfigMismatch", "load_hf_config", "read_config_json", "rope_scaling_kwargs",
+           "sliding_window"]
 
 
 class ConfigMismatch(ValueError):
@@ -99,8 +100,6 @@ class ModelConfig:
         if self.position_embedding_type == "rope":
             args["rotary-base"] = int(self.rotary_base) if float(self.rotary_base).is_integer() else self.rotary_base
             if self.rope_scaling:
-                from .transformer_config import rope_scaling_kwargs
-
                 scaling = rope_scaling_kwargs(self.rope_scaling)  # refuses what Megatron cannot express
                 args["use-rope-scaling"] = True
                 args["rope-scaling-factor"] = scaling["rope_scaling_factor"]
@@ -138,6 +137,24 @@ class ModelConfig:
             if value is not True:
                 argv.append(str(value))
         return argv
+
+
+# megatron-core's RoPE scaling is Llama 3.x's with these constants fixed (only the factor is free)
+_LLAMA3_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+def rope_scaling_kwargs(scaling: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``GPTModel``'s ``rope_scaling`` / ``rope_scaling_factor`` for an HF ``rope_scaling`` entry."""
+    if not scaling:
+        return {"rope_scaling": False}
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind != "llama3":
+        raise ConfigMismatch(f"rope scaling of type {kind!r} has no megatron-core GPTModel counterpart "
+                             "(it implements Llama 3.x scaling only)")
+    for key, fixed in _LLAMA3_FIXED.items():
+        if key in scaling and float(scaling[key]) != fixed:
+            raise ConfigMismatch(f"llama3 rope scaling with {key}={scaling[key]}: megatron-core fixes it at {fixed}")
+    return {"rope_scaling": True, "rope_scaling_factor": float(scaling.get("factor", 8.0))}
 
 
 def read_config_json(path: str | os.PathLike[str]) -> dict[str, Any]:

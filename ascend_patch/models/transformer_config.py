@@ -11,17 +11,14 @@ megatron-core is imported only when :func:`transformer_config` is called.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from ..dtypes import SHORT_NAMES
-from .hf_config import ConfigMismatch, ModelConfig
+from .hf_config import ModelConfig, rope_scaling_kwargs
 from .vocab import padded_vocab_size
 
 __all__ = ["transformer_config_kwargs", "transformer_config", "gpt_model_kwargs", "rope_scaling_kwargs"]
 
-# megatron-core's RoPE scaling is Llama 3.x's with these constants fixed (only the factor is free)
-_LLAMA3_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 
 
 def _dropouts(mc: ModelConfig) -> tuple[float, float]:
@@ -80,20 +77,6 @@ def transformer_config(mc: ModelConfig, dtype: str | None = None, **overrides: A
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     return TransformerConfig(**transformer_config_kwargs(mc, dtype, **overrides))
-
-
-def rope_scaling_kwargs(scaling: Mapping[str, Any] | None) -> dict[str, Any]:
-    """``GPTModel``'s ``rope_scaling`` / ``rope_scaling_factor`` for an HF ``rope_scaling`` entry."""
-    if not scaling:
-        return {"rope_scaling": False}
-    kind = scaling.get("rope_type", scaling.get("type"))
-    if kind != "llama3":
-        raise ConfigMismatch(f"rope scaling of type {kind!r} has no megatron-core GPTModel counterpart "
-                             "(it implements Llama 3.x scaling only)")
-    for key, fixed in _LLAMA3_FIXED.items():
-        if key in scaling and float(scaling[key]) != fixed:
-            raise ConfigMismatch(f"llama3 rope scaling with {key}={scaling[key]}: megatron-core fixes it at {fixed}")
-    return {"rope_scaling": True, "rope_scaling_factor": float(scaling.get("factor", 8.0))}
 
 
 def gpt_model_kwargs(mc: ModelConfig, tensor_parallel_size: int = 1,
