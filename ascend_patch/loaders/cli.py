@@ -28,13 +28,14 @@ def _int_list(text: str) -> tuple[int, ...]:
 def add_convert_arguments(p: argparse.ArgumentParser) -> None:
     io = p.add_argument_group("what to convert")
     io.add_argument("--loader", "--load-model-type", dest="loader", default="hf",
-                    help="source format: hf, mg, or a plugin's name (aliases: llama_hf, qwen_hf, mcore, core, ...)")
+                    help="source format: hf, mg, or a plugin's name (aliases such as qwen3_hf or mcore: "
+                    "ascend-patch convert --loader ? lists them)")
     io.add_argument("--saver", "--save-model-type", dest="saver", default="mg",
                     help="target format: hf, mg, or a plugin's name")
     io.add_argument("--load-dir", required=True, help="source checkpoint directory")
     io.add_argument("--save-dir", required=True, help="output directory (must be empty unless --force)")
-    io.add_argument("--model-type-hf", help="model family: llama, llama2, llama3, mistral, qwen2, qwen2.5, qwen3 "
-                    "(default: from config.json)")
+    io.add_argument("--model-type-hf", help="model family or one of its aliases, e.g. qwen3, qwen2.5, llama3, "
+                    "mistral (default: from config.json; ascend-patch doctor lists the families)")
     io.add_argument("--model-type", default="GPT", help="Megatron model type; only GPT is converted")
     io.add_argument("--spec", nargs="+", metavar="SPEC", help="a model spec name (qwen3), or Megatron's 'module attr' "
                     "form; used as the family when --model-type-hf is not given")
@@ -90,9 +91,8 @@ def options_from_args(args: argparse.Namespace) -> Any:
     extra: dict[str, Any] = {}
     if family is None and args.spec:
         words = args.spec if len(args.spec) > 1 else args.spec[0].split()
-        known = {n.lower() for s in get_spec_registry().specs() for n in s.names}
         guess = words[0] if len(words) == 1 else words[0].rsplit(".", 1)[-1].removesuffix("_spec")
-        if guess.lower() in known:
+        if get_spec_registry().find(guess) is not None:
             family = guess
     if args.add_qkv_bias or args.qk_layernorm:
         extra["claimed"] = {"add_qkv_bias": args.add_qkv_bias, "qk_layernorm": args.qk_layernorm}

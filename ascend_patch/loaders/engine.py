@@ -27,7 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from ..models.weightmap import LayoutError, Piece, TensorPlan, compose
+from ..models.registry import get_spec_registry
+from ..models.weightmap import Piece, TensorPlan, compose
+from ..parallel import LayoutError
 from ..dtypes import itemsize
 from .blocks import BlockFiller, raw_dtype, row_blocks
 from .formats import ConvertOptions, SourceCheckpoint, TargetFile, TargetPlan, get_format_registry
@@ -77,9 +79,9 @@ def prepare(load_dir: str, save_dir: str | None, loader: str, saver: str,
     registry = get_format_registry()
     loader_obj = registry.loader(loader)
     saver_obj = registry.saver(saver)
-    hint = getattr(loader_obj, "family_hints", {}).get(loader.lower())
-    if hint and "family_hint" not in options.extra:
-        options = _with_extra(options, family_hint=hint)
+    implied = get_spec_registry().for_format_name(loader)  # --loader qwen3_hf: the qwen3 family
+    if implied is not None and "family_hint" not in options.extra:
+        options = _with_extra(options, family_hint=implied.name)
     problems: list[Problem] = []
     if save_dir is not None:
         problems += check_output_dir(save_dir, options.force, load_dir)

@@ -18,13 +18,15 @@ from __future__ import annotations
 
 import abc
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..dtypes import itemsize
+from ..models.registry import get_spec_registry
 from ..models.weightmap import Piece, TensorPlan, WeightMap
 from ..parallel import Layout
+from ..registry import NamedRegistry, UnknownName
 
 if TYPE_CHECKING:
     import torch
@@ -45,7 +47,6 @@ __all__ = [
     "UnknownFormat",
     "get_format_registry",
     "REGISTER_HINT",
-    "family_for",
 ]
 
 REGISTER_HINT = ("a plugin adds one by returning a CheckpointLoader / CheckpointSaver "
@@ -187,7 +188,6 @@ class CheckpointLoader(abc.ABC):
     name: str = ""
     aliases: tuple[str, ...] = ()
     description: str = ""
-    family_hints: Mapping[str, str] = {}  # alias -> model family it implies (e.g. qwen3_hf -> qwen3)
 
     @abc.abstractmethod
     def open(self, path: str, options: ConvertOptions) -> SourceCheckpoint:
@@ -211,64 +211,63 @@ class CheckpointSaver(abc.ABC):
         """The files (and their tensors in canonical terms) that represent ``source``."""
 
 
-class UnknownFormat(LookupError):
+class UnknownFormat(UnknownName):
     """A loader / saver name that no plugin registered."""
 
 
+def _listing(names: NamedRegistry[Any]) -> str:
+    parts = []
+    for obj in names:
+        aliases = names.names_of(obj)[1:]
+        parts.append(f"{obj.name} (aliases: {', '.join(aliases)})" if aliases else obj.name)
+    return "; ".join(parts) or "none"
+
+
 class FormatRegistry:
-    """Loaders and savers by name and alias (case-insensitive)."""
+    """Loaders and savers by name and alias (case-insensitive).
+
+    Besides each format's own aliases, a model family may declare names that mean its
+    HF format holding that family (``qwen3_hf``: :attr:`ModelSpec.loader_aliases`);
+    :func:`get_format_registry` adds those as aliases of the format they name.
+    """
 
     def __init__(self) -> None:
-        self._items: dict[str, dict[str, tuple[Any, str]]] = {"loader": {}, "saver": {}}
+        hint = REGISTER_HINT[0].upper() + REGISTER_HINT[1:]
+        self._items: dict[str, NamedRegistry[Any]] = {
+            kind: NamedRegistry(f"checkpoint {kind}", hint=hint, unknown=UnknownFormat, listing=_listing)
+            for kind in ("loader", "saver")}
 
     def add(self, kind: str, obj: Any, plugin: str = "") -> None:
-        if not getattr(obj, "name", ""):
-            raise ValueError(f"{kind} {obj!r} from plugin {plugin or '?'} has no name")
-        table = self._items[kind]
-        for name in (obj.name, *getattr(obj, "aliases", ())):
-            key = name.lower()
-            existing = table.get(key)
-            if existing is not None and existing[0] is not obj:
-                raise ValueError(f"checkpoint {kind} name {name!r} is claimed by plugin {existing[1] or '?'} "
-                                 f"({existing[0].name}) and by plugin {plugin or '?'} ({obj.name})")
-            table[key] = (obj, plugin)
+        self._items[kind].add(obj, getattr(obj, "name", ""), getattr(obj, "aliases", ()), owner=plugin)
 
-    def _get(self, kind: str, name: str) -> Any:
-        hit = self._items[kind].get(name.lower())
-        if hit is None:
-            raise UnknownFormat(f"unknown checkpoint {kind} {name!r}; available: {self.listing(kind)}. "
-                                f"{REGISTER_HINT[0].upper()}{REGISTER_HINT[1:]}")
-        return hit[0]
+    def alias(self, kind: str, name: str, target: str, plugin: str = "") -> None:
+        """Make ``name`` one more name of the ``kind`` that ``target`` names (declared by ``plugin``)."""
+        self._items[kind].alias(name, target, owner=plugin)
 
     def loader(self, name: str) -> CheckpointLoader:
-        return self._get("loader", name)
+        return self._items["loader"].get(name)
 
     def saver(self, name: str) -> CheckpointSaver:
-        return self._get("saver", name)
+        return self._items["saver"].get(name)
+
+    def find(self, kind: str, name: str) -> Any | None:
+        return self._items[kind].find(name)
 
     def all(self, kind: str) -> list[Any]:
-        seen: dict[int, Any] = {}
-        for obj, _ in self._items[kind].values():
-            seen.setdefault(id(obj), obj)
-        return sorted(seen.values(), key=lambda o: o.name)
+        return list(self._items[kind])
 
     def listing(self, kind: str) -> str:
-        parts = []
-        for obj in self.all(kind):
-            aliases = getattr(obj, "aliases", ())
-            parts.append(f"{obj.name} (aliases: {', '.join(aliases)})" if aliases else obj.name)
-        return "; ".join(parts) or "none"
+        return self._items[kind].listing()
 
     def plugin_of(self, kind: str, name: str) -> str:
-        hit = self._items[kind].get(name.lower())
-        return hit[1] if hit else ""
+        return self._items[kind].owner_of(name)
 
 
 _registry: FormatRegistry | None = None
 
 
 def get_format_registry(refresh: bool = False) -> FormatRegistry:
-    """The registry built from every plugin's loader and saver hooks."""
+    """The registry built from every plugin's loader and saver hooks, and the families' format aliases."""
     global _registry
     if _registry is None or refresh:
         from ..plugins import get_plugin_manager
@@ -281,16 +280,11 @@ def get_format_registry(refresh: bool = False) -> FormatRegistry:
         for plugin, savers in pm.call_each("ascend_patch_checkpoint_savers"):
             for obj in savers or ():
                 registry.add("saver", obj, plugin)
+        for spec in get_spec_registry(refresh=refresh).specs():
+            target = spec.hf_format or "hf"
+            for kind in ("loader", "saver"):
+                if registry.find(kind, target) is not None:
+                    for name in spec.loader_aliases:
+                        registry.alias(kind, name, target, spec.owner)
         _registry = registry
     return _registry
-
-
-def family_for(name: str | None, known: Sequence[str] = ()) -> str | None:
-    """``--model-type-hf`` spellings (llama2, llama3, qwen2.5, mistral, ...) -> a model spec name."""
-    if not name:
-        return None
-    key = name.lower().replace("-", "").replace("_", "")
-    table = {"llama": "llama", "llama2": "llama", "llama3": "llama", "llama31": "llama", "llama3.1": "llama",
-             "llama32": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen2.5": "qwen2", "qwen25": "qwen2",
-             "qwen": "qwen2", "qwen3": "qwen3"}
-    return table.get(key, name)

@@ -26,10 +26,7 @@ from .formats import (CheckpointLoader, CheckpointSaver, ConvertOptions, SourceC
 from .preflight import Problem, check_tensors
 from .resolve import resolve_family, weight_map_for
 
-__all__ = ["HFLoader", "HFSaver", "hf_weight_files", "own_format_problems", "source_from_hf_tensors", "synthesize_hf_config", "parse_size"]
-
-_ARCH = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-         "qwen3": "Qwen3ForCausalLM"}
+__all__ = ["HFLoader", "HFSaver", "hf_weight_files", "own_format_problems", "source_from_hf_tensors", "parse_size"]
 
 
 def _identity(key: str, shape: tuple[int, ...]) -> TensorPlan:
@@ -99,10 +96,7 @@ def hf_weight_files(path: str) -> tuple[dict[str, TensorInfo], list[Problem], st
 
 class HFLoader(CheckpointLoader):
     name = "hf"
-    aliases = ("huggingface", "hf_safetensors", "llama_hf", "llama2_hf", "llama3_hf", "mistral_hf",
-               "llama_mistral", "qwen_hf", "qwen2_hf", "qwen2.5_hf", "qwen3_hf")
-    family_hints = {"llama_hf": "llama", "llama2_hf": "llama", "llama3_hf": "llama", "mistral_hf": "llama",
-                    "llama_mistral": "llama", "qwen2_hf": "qwen2", "qwen2.5_hf": "qwen2", "qwen3_hf": "qwen3"}
+    aliases = ("huggingface", "hf_safetensors")  # the families add theirs (llama_hf, qwen3_hf, ...)
     description = "Hugging Face checkpoint: config.json + safetensors (sharded or single) or pytorch_model.bin"
 
     def detect(self, path: str) -> bool:
@@ -177,36 +171,11 @@ def parse_size(text: str | int) -> int:
     return int(s)
 
 
-def synthesize_hf_config(cfg: ModelConfig, dtype: str) -> dict[str, Any]:
-    """A transformers config.json for a llama-style model known only from Megatron args."""
-    model_type = cfg.model_type if cfg.model_type in _ARCH else cfg.family
-    out: dict[str, Any] = {
-        "architectures": [_ARCH.get(model_type, "LlamaForCausalLM")],
-        "model_type": model_type,
-        "hidden_size": cfg.hidden_size,
-        "intermediate_size": cfg.ffn_hidden_size,
-        "num_hidden_layers": cfg.num_layers,
-        "num_attention_heads": cfg.num_attention_heads,
-        "num_key_value_heads": cfg.num_query_groups,
-        "head_dim": cfg.kv_channels,
-        "vocab_size": cfg.vocab_size,
-        "max_position_embeddings": cfg.max_position_embeddings,
-        "rms_norm_eps": cfg.norm_epsilon,
-        "hidden_act": "silu",
-        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rotary_base},
-        "rope_theta": cfg.rotary_base,
-        "tie_word_embeddings": cfg.tie_word_embeddings,
-        "attention_bias": bool(cfg.add_qkv_bias) if model_type != "qwen2" else False,
-        "dtype": dtype,
-    }
-    return out
-
-
 def own_format_problems(spec: Any, fmt: str, kind: str) -> list[Problem]:
     """A family whose HF files are not the weight map's own tensors (fused q/k/v, say) names the
-    loader / saver that handles them in ``spec.extras["hf_format"]``; any other HF format would
+    loader / saver that handles them in ``spec.hf_format``; any other HF format would
     misread or miswrite them."""
-    wanted = (getattr(spec, "extras", None) or {}).get("hf_format")
+    wanted = getattr(spec, "hf_format", None)
     if not wanted or wanted == fmt:
         return []
     owner = f" (from plugin {spec.owner})" if getattr(spec, "owner", "") else ""
@@ -217,13 +186,18 @@ def own_format_problems(spec: Any, fmt: str, kind: str) -> list[Problem]:
 
 class HFSaver(CheckpointSaver):
     name = "hf"
-    aliases = ("huggingface", "hf_safetensors", "llama_hf", "qwen_hf", "qwen2_hf", "qwen3_hf", "mistral_hf")
+    aliases = ("huggingface", "hf_safetensors")
     description = "Hugging Face checkpoint: safetensors shards + index + config.json, loadable by from_pretrained"
     loader = "hf"
 
     def plan(self, source: SourceCheckpoint, options: ConvertOptions) -> TargetPlan:
         dtype = canonical(options.params_dtype) if options.params_dtype else source.dtype
         problems = own_format_problems(source.spec, self.name, "saver")
+        if not source.hf_config and source.spec.config_to_hf is None:
+            problems.append(Problem("hf-config", f"the source holds no HF config.json and the {source.spec.name} "
+                                    "family cannot write one from Megatron args (its spec has no config_to_hf)",
+                                    "convert from a checkpoint that stores its HF config (one ascend-patch wrote), "
+                                    "or give the family a config_to_hf"))
         if problems:
             return TargetPlan(files=[], problems=problems)
         tensors = self.tensor_plans(source)
@@ -271,7 +245,7 @@ class HFSaver(CheckpointSaver):
             else:
                 config["dtype"] = dtype
         else:
-            config = synthesize_hf_config(cfg, dtype)
+            config = source.spec.config_to_hf(cfg, dtype)
         config["vocab_size"] = cfg.vocab_size
         config["tie_word_embeddings"] = cfg.tie_word_embeddings
         return config

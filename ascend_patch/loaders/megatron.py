@@ -17,6 +17,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
+from ..models.registry import get_spec_registry
 from ..models.vocab import padded_vocab_size
 from ..models.weightmap import ExtraState, TensorPlan, coverage_gaps, invert
 from ..parallel import Layout, LayoutError
@@ -101,8 +102,10 @@ class MegatronLoader(CheckpointLoader):
                                         "the files win; check how this checkpoint was produced"))
         any_keys = [k for st in states.values() for c in _chunk_names(st, "") for k in st[c]]
         naming = "te" if any(k.endswith("layer_norm_weight") for k in any_keys) else "local"
-        hint = meta.get("family") or _infer_family(args)
         base = meta.get("hf_config") if isinstance(meta.get("hf_config"), dict) else None
+        hint = meta.get("family")
+        if hint is None and not options.model_type_hf and not base and not options.extra.get("family_hint"):
+            hint = get_spec_registry().for_megatron_args(args).name  # a checkpoint Megatron-LM wrote
         spec, fam_problems = resolve_family(options, config=base, hint=hint)
         problems += fam_problems
         padded = getattr(args, "padded_vocab_size", None)
@@ -189,14 +192,6 @@ class MegatronLoader(CheckpointLoader):
         entries = ", ".join(sorted(os.listdir(path))[:10]) or "nothing"
         raise CorruptCheckpoint(f"{path} has no {TRACKER} and no mp_rank_* directories (found: {entries}); "
                                 "is this a Megatron legacy checkpoint?")
-
-
-def _infer_family(args: Any) -> str:
-    if getattr(args, "qk_layernorm", False):
-        return "qwen3"
-    if getattr(args, "add_qkv_bias", False):
-        return "qwen2"
-    return "llama"
 
 
 class MegatronSaver(CheckpointSaver):

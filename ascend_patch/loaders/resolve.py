@@ -1,4 +1,8 @@
-"""Which model family a checkpoint is: ``--model-type-hf``, the HF config, or a loader alias."""
+"""Which model family a checkpoint is: ``--model-type-hf``, the HF config, or a hint (a format alias, the args).
+
+Every name, alias and hint comes from the family specs (:mod:`ascend_patch.models.registry`):
+nothing here knows a family by name.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ from typing import Any
 from ..models.hf_config import ConfigMismatch, ModelConfig
 from ..models.registry import ModelSpec, get_spec_registry
 from ..models.weightmap import WeightMap
-from .formats import ConvertOptions, family_for
+from .formats import ConvertOptions
 from .preflight import Problem
 
 __all__ = ["resolve_family", "weight_map_for"]
@@ -22,7 +26,7 @@ def resolve_family(options: ConvertOptions, config: Mapping[str, Any] | None = N
     hint = hint or options.extra.get("family_hint")
     from_config = registry.for_hf_config(config) if config else None
     if options.model_type_hf:
-        spec = registry.get(family_for(options.model_type_hf) or options.model_type_hf)
+        spec = registry.get(options.model_type_hf)
         if from_config is not None and from_config.name != spec.name:
             problems.append(Problem("model-type-mismatch", f"--model-type-hf {options.model_type_hf} names the "
                                     f"{spec.name} family but config.json describes a {from_config.name} model "
@@ -40,12 +44,17 @@ def resolve_family(options: ConvertOptions, config: Mapping[str, Any] | None = N
 def weight_map_for(spec: ModelSpec, cfg: ModelConfig) -> WeightMap:
     """The family's weight map, or a clear error when the family has none."""
     if spec.weight_map is None:
-        raise ConfigMismatch(f"model family {spec.name} has no weight map; the converter cannot handle it")
+        raise ConfigMismatch(f"model family {spec.name} has no weight map, so the converter cannot handle it; "
+                             f"the families it converts: {', '.join(get_spec_registry().converting())}")
     try:
         wm = spec.weight_map(cfg)
     except ModuleNotFoundError as exc:
-        raise ConfigMismatch(f"model family {spec.name} has no weight map ({exc.name} is missing); "
-                             "conversion supports: llama (and mistral), qwen2, qwen3") from None
+        raise ConfigMismatch(f"the weight map of model family {spec.name}{_from(spec)} cannot be imported: "
+                             f"{exc}") from None
     if not isinstance(wm, WeightMap):
         raise ConfigMismatch(f"the weight map of family {spec.name} returned {type(wm).__name__}, not a WeightMap")
     return wm
+
+
+def _from(spec: ModelSpec) -> str:
+    return f" (from plugin {spec.owner})" if spec.owner else ""

@@ -21,7 +21,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..models.weightmap import LayoutError, TensorPlan, compose
+from ..models.weightmap import TensorPlan, compose
+from ..parallel import LayoutError
 from ..dtypes import itemsize
 from .blocks import BlockFiller, FileCache, raw_to_torch, row_blocks
 from .formats import ConvertOptions, SourceCheckpoint, get_format_registry

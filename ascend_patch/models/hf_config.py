@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..dtypes import short_name
 
-__all__ = ["ModelConfig", "ConfigMismatch", "load_hf_config", "read_config_json", "rope_scaling_kwargs",
-           "sliding_window"]
+__all__ = ["ModelConfig", "ConfigMismatch", "hf_config_dict", "load_hf_config", "read_config_json",
+           "rope_scaling_kwargs", "sliding_window"]
 
 
 class ConfigMismatch(ValueError):
@@ -249,3 +249,33 @@ def load_hf_config(cfg: Mapping[str, Any], family: str, *, qk_layernorm: bool = 
         sliding_window=sliding_window(cfg),
         raw=dict(cfg),
     )
+
+
+def hf_config_dict(cfg: ModelConfig, dtype: str, model_types: Sequence[str], architectures: Sequence[str],
+                   attention_bias: bool | None = None) -> dict[str, Any]:
+    """A transformers ``config.json`` for a llama-style model known only from Megatron args.
+
+    The family passes its HF model types and architectures (pairwise); the config's own
+    model type is kept when the family serves it (a Mistral stays a Mistral).
+    ``attention_bias`` is written as given, else from the q/k/v bias.
+    """
+    model_type = cfg.model_type if cfg.model_type in model_types else model_types[0]
+    return {
+        "architectures": [architectures[list(model_types).index(model_type)]],
+        "model_type": model_type,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.ffn_hidden_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_query_groups,
+        "head_dim": cfg.kv_channels,
+        "vocab_size": cfg.vocab_size,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "rms_norm_eps": cfg.norm_epsilon,
+        "hidden_act": "silu",
+        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rotary_base},
+        "rope_theta": cfg.rotary_base,
+        "tie_word_embeddings": cfg.tie_word_embeddings,
+        "attention_bias": bool(cfg.add_qkv_bias) if attention_bias is None else attention_bias,
+        "dtype": dtype,
+    }

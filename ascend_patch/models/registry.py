@@ -1,42 +1,111 @@
-"""Model specs as plugins: name -> family (config mapping, megatron-core layer spec, weight map).
+"""Model families as plugins: one :class:`ModelSpec` per family, each declared in its own folder.
 
-Specs come from the ``ascend_patch_model_specs`` hook, built-ins and third-party
-alike. ``--spec qwen3`` resolves by name or alias; Megatron's two-word form
-``--spec some.module layer_spec`` resolves to that module attribute. Unknown names
-list the known ones; a name claimed twice names both plugins.
+A family says everything about itself once: its names and the spellings users type
+(``--spec``, ``--model-type-hf``: ``qwen2.5`` is ``qwen2``), the Hugging Face model types
+and architectures it serves, the checkpoint-format names that imply it (``qwen3_hf``),
+how to recognise its Megatron checkpoints from their saved ``args``, its config map
+(both ways), the megatron-core layer spec and the weight map. Built-in families live
+in ``ascend_patch/models/<family>/``; third-party ones come from the
+``ascend_patch_model_specs`` hook; nothing elsewhere knows a family by name.
+
+``--spec qwen3`` resolves by name or alias; Megatron's two-word form
+``--spec some.module layer_spec`` resolves to that module attribute. Unknown names list
+the known ones; a name claimed twice names both plugins.
 """
 
 from __future__ import annotations
 
 import importlib
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .hf_config import ModelConfig
+from ..registry import NamedRegistry, UnknownName, loose_key
+from .hf_config import ConfigMismatch, ModelConfig
 
 __all__ = [
+    "ArgsMatcher",
+    "MEGATRON_ARG_DEFAULTS",
     "ModelSpec",
     "SpecRegistry",
     "UnknownSpec",
     "get_spec_registry",
+    "lazy",
     "resolve_spec",
     "spec_for_hf_config",
 ]
 
+_HINT = ("A plugin adds one by implementing ascend_patch_model_specs (entry-point group 'ascend_patch'); "
+         "see docs/plugins.md")
+# what Megatron-LM's argument parser gives an argument a checkpoint's args do not hold
+MEGATRON_ARG_DEFAULTS: dict[str, Any] = {"normalization": "LayerNorm", "swiglu": False, "qk_layernorm": False,
+                                         "add_qkv_bias": False, "add_bias_linear": True,
+                                         "position_embedding_type": "learned_absolute"}
 
-class UnknownSpec(LookupError):
+
+class UnknownSpec(UnknownName):
     """A spec name nothing registered."""
+
+
+def _arg(args: Any, name: str) -> Any:
+    value = args.get(name) if isinstance(args, Mapping) else getattr(args, name, None)
+    return MEGATRON_ARG_DEFAULTS.get(name) if value is None else value
+
+
+@dataclass(frozen=True)
+class ArgsMatcher:
+    """How a family's Megatron checkpoints look in their saved ``args``.
+
+    Every entry of ``values`` must hold (an absent argument has Megatron's default) and
+    every regular expression of ``patterns`` must be found in its argument's text.
+    Calling the matcher gives its score: 0 when it does not match, else the number of
+    facts it checked; the highest score wins and a tie is an error. A family that refines
+    another (Phi-3 is llama's arguments plus its tokenizer) lists the other's facts too.
+    """
+
+    values: Mapping[str, Any] = field(default_factory=dict)
+    patterns: Mapping[str, str] = field(default_factory=dict)
+
+    def __call__(self, args: Any) -> int:
+        for name, want in self.values.items():
+            if _arg(args, name) != want:
+                return 0
+        for name, pattern in self.patterns.items():
+            value = _arg(args, name)
+            if value is None or not re.search(pattern, str(value)):
+                return 0
+        return len(self.values) + len(self.patterns)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (*self.values, *self.patterns)
+
+
+def lazy(module: str, attr: str) -> Callable[..., Any]:
+    """A callable importing ``module.attr`` on first use (a family's megatron-core layer spec, say)."""
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return getattr(importlib.import_module(module), attr)(*args, **kwargs)
+
+    call.__name__ = attr
+    call.__qualname__ = f"{module}.{attr}"
+    return call
 
 
 @dataclass(frozen=True)
 class ModelSpec:
     """One model family.
 
-    ``config_from_hf(config_dict) -> ModelConfig`` maps an HF ``config.json``.
-    ``layer_spec(model_config) -> ModuleSpec`` builds the megatron-core layer spec
-    (None for families that only convert). ``weight_map(model_config)`` returns the
-    declarative HF <-> Megatron weight map used by the converter.
+    ``config_from_hf(config_dict) -> ModelConfig`` maps an HF ``config.json``;
+    ``config_to_hf(model_config, dtype) -> dict`` writes one back (mg -> hf from a
+    checkpoint that stores none). ``layer_spec(model_config) -> ModuleSpec`` builds the
+    megatron-core layer spec (None for families that only convert); ``weight_map`` gives
+    the declarative HF <-> Megatron weight map (None: the family does not convert).
+    ``loader_aliases`` are checkpoint-format names that mean "this family's HF files"
+    (``--loader qwen3_hf``); ``hf_format`` names the loader/saver that reads them when
+    they are not the weight map's own tensors (Phi-3's fused ones), None when any HF
+    format does. ``megatron_args`` scores a Megatron checkpoint's ``args`` (see
+    :class:`ArgsMatcher`) to tell the family of a checkpoint Megatron-LM wrote.
     """
 
     name: str
@@ -47,6 +116,10 @@ class ModelSpec:
     description: str = ""
     layer_spec: Callable[[ModelConfig], Any] | None = None
     weight_map: Callable[[ModelConfig], Any] | None = None
+    config_to_hf: Callable[[ModelConfig, str], dict[str, Any]] | None = None
+    loader_aliases: tuple[str, ...] = ()
+    hf_format: str | None = None
+    megatron_args: Callable[[Any], int] | None = None
     extras: Mapping[str, Any] = field(default_factory=dict)
     owner: str = field(default="", compare=False)
 
@@ -54,41 +127,47 @@ class ModelSpec:
     def names(self) -> tuple[str, ...]:
         return (self.name, *self.aliases)
 
+    @property
+    def converts(self) -> bool:
+        """Whether the converter can move this family's checkpoints (it has a weight map)."""
+        return self.weight_map is not None
+
 
 class SpecRegistry:
-    """All known specs, by name and alias."""
+    """All known specs, by name and alias (``Qwen2.5``, ``qwen2_5`` and ``qwen25`` are one name)."""
 
     def __init__(self, specs: Iterable[ModelSpec] = ()) -> None:
-        self._by_name: dict[str, ModelSpec] = {}
+        self._names: NamedRegistry[ModelSpec] = NamedRegistry("model spec", hint=_HINT, unknown=UnknownSpec,
+                                                              key=loose_key)
+        self._formats: NamedRegistry[ModelSpec] = NamedRegistry("checkpoint format")
         for spec in specs:
             self.add(spec)
 
     def add(self, spec: ModelSpec) -> None:
-        for name in spec.names:
-            key = name.lower()
-            existing = self._by_name.get(key)
-            if existing is not None and existing is not spec:
-                raise ValueError(
-                    f"model spec name {name!r} is claimed by plugin {existing.owner or '?'} "
-                    f"(spec {existing.name!r}) and by plugin {spec.owner or '?'} (spec {spec.name!r})")
-            self._by_name[key] = spec
+        self._names.add(spec, spec.name, spec.aliases, owner=spec.owner, label=f"spec {spec.name!r}")
+        if spec.loader_aliases:
+            self._formats.add(spec, spec.loader_aliases[0], spec.loader_aliases[1:], owner=spec.owner,
+                              label=f"spec {spec.name!r}")
 
     def specs(self) -> list[ModelSpec]:
-        seen: dict[int, ModelSpec] = {}
-        for spec in self._by_name.values():
-            seen.setdefault(id(spec), spec)
-        return sorted(seen.values(), key=lambda s: s.name)
+        return list(self._names)
 
     def known(self) -> list[str]:
-        return sorted(s.name for s in self.specs())
+        return self._names.names()
 
     def get(self, name: str) -> ModelSpec:
-        spec = self._by_name.get(name.lower())
-        if spec is None:
-            raise UnknownSpec(
-                f"unknown model spec {name!r}; known: {', '.join(self.known())}. A plugin adds one by "
-                "implementing ascend_patch_model_specs (entry-point group 'ascend_patch'); see docs/plugins.md")
-        return spec
+        return self._names.get(name)
+
+    def find(self, name: str) -> ModelSpec | None:
+        return self._names.find(name)
+
+    def converting(self) -> list[str]:
+        """The families the converter handles (those with a weight map)."""
+        return [s.name for s in self.specs() if s.converts]
+
+    def for_format_name(self, name: str) -> ModelSpec | None:
+        """The family a checkpoint-format name implies (``qwen3_hf`` -> qwen3), if any."""
+        return self._formats.find(name)
 
     def for_hf_config(self, config: Mapping[str, Any]) -> ModelSpec:
         """The spec serving an HF config (by ``architectures`` first, then ``model_type``)."""
@@ -104,6 +183,21 @@ class SpecRegistry:
         raise UnknownSpec(f"no model spec serves model_type {model_type!r} "
                           f"(architectures {list(config.get('architectures') or [])}); "
                           f"served model types: {', '.join(served)}; pass --spec NAME to choose one")
+
+    def for_megatron_args(self, args: Any) -> ModelSpec:
+        """The family whose :attr:`ModelSpec.megatron_args` matches a checkpoint's ``args`` most specifically."""
+        scored = [(spec.megatron_args(args), spec) for spec in self.specs() if spec.megatron_args is not None]
+        best = max((score for score, _ in scored), default=0)
+        winners = [spec.name for score, spec in scored if score == best and score > 0]
+        if len(winners) == 1:
+            return self.get(winners[0])
+        looked = sorted({n for s in self.specs() if isinstance(s.megatron_args, ArgsMatcher)
+                         for n in s.megatron_args.names})
+        said = ", ".join(f"{n}={_arg(args, n)!r}" for n in looked)
+        what = (f"matches the families {', '.join(winners)} equally" if winners
+                else "matches no family's Megatron arguments")
+        raise ConfigMismatch(f"the checkpoint's args ({said}) {what}; pass --model-type-hf "
+                             f"({', '.join(self.known())})")
 
 
 _registry: SpecRegistry | None = None

@@ -147,6 +147,35 @@ def test_builtin_hf_format_points_to_the_plugin(site, phi3, converted, tmp_path)
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
+def test_a_megatron_lm_written_phi3_checkpoint_is_recognised_by_its_args(site, converted, phi3, tmp_path):
+    """Without the HF config ascend-patch stores, the family comes from the args Megatron-LM saves: llama's
+    arguments plus a Phi-3 tokenizer, which only the plugin's matcher knows; the plugin's config map writes
+    the config.json transformers loads."""
+    import argparse
+    import shutil
+
+    from transformers import Phi3ForCausalLM
+
+    mg, back = str(tmp_path / "mg"), str(tmp_path / "back")
+    shutil.copytree(converted[0], mg)
+    for dirpath, _, files in os.walk(mg):
+        for name in (n for n in files if n.endswith(".pt")):
+            full = os.path.join(dirpath, name)
+            with torch.serialization.safe_globals([argparse.Namespace]):
+                state = torch.load(full, weights_only=True)
+            state.pop("ascend_patch")
+            state["args"].tokenizer_model = "microsoft/Phi-3-mini-4k-instruct"
+            torch.save(state, full)
+    out = cli(site, "convert", "--load-model-type", "mg", "--save-model-type", "phi3_hf", "--true-vocab-size", "300",
+              "--load-dir", mg, "--save-dir", back).stdout
+    assert "source: mg checkpoint of a phi3 model (TP 2, PP 2, local naming)" in out
+    with open(os.path.join(back, "config.json")) as f:
+        assert json.load(f)["architectures"] == ["Phi3ForCausalLM"]
+    ids = torch.randint(0, 300, (2, 10), generator=torch.Generator().manual_seed(4))
+    reloaded = Phi3ForCausalLM.from_pretrained(back).eval()
+    assert torch.equal(reference_logits(reloaded, ids), reference_logits(phi3[1], ids))
+
+
 def test_args_reads_the_phi3_config(site, phi3):
     out = cli(site, "args", "--hf-config", os.path.join(phi3[0], "config.json")).stdout
     for flag in ("--num-layers 4", "--hidden-size 64", "--ffn-hidden-size 96", "--num-attention-heads 4",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..hf_config import ModelConfig, load_hf_config
+from ..hf_config import ModelConfig, hf_config_dict, load_hf_config
 
 HF_MODEL_TYPES = ("llama", "mistral")
 HF_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
@@ -13,3 +13,8 @@ HF_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
 
 def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     return load_hf_config(cfg, "llama", qk_layernorm=False, default_tied=False)
+
+
+def config_to_hf(cfg: ModelConfig, dtype: str) -> dict[str, Any]:
+    """The transformers config.json for a llama model known only from Megatron args."""
+    return hf_config_dict(cfg, dtype, HF_MODEL_TYPES, HF_ARCHITECTURES)

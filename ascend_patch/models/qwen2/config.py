@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..hf_config import ModelConfig, load_hf_config
+from ..hf_config import ModelConfig, hf_config_dict, load_hf_config
 
 HF_MODEL_TYPES = ("qwen2",)
 HF_ARCHITECTURES = ("Qwen2ForCausalLM",)
@@ -13,3 +13,11 @@ HF_ARCHITECTURES = ("Qwen2ForCausalLM",)
 
 def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     return load_hf_config(cfg, "qwen2", qk_layernorm=False, add_qkv_bias=True, default_tied=False)
+
+
+def config_to_hf(cfg: ModelConfig, dtype: str) -> dict[str, Any]:
+    """The transformers config.json for a qwen2 model known only from Megatron args.
+
+    Qwen2's q/k/v bias is part of the architecture, so its configs carry no attention_bias.
+    """
+    return hf_config_dict(cfg, dtype, HF_MODEL_TYPES, HF_ARCHITECTURES, attention_bias=False)

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ascend_patch.models.hf_config import ConfigMismatch, ModelConfig, load_hf_config
+from ascend_patch.models.hf_config import ConfigMismatch, ModelConfig, hf_config_dict, load_hf_config
 
-__all__ = ["HF_MODEL_TYPES", "HF_ARCHITECTURES", "config_from_hf"]
+__all__ = ["HF_MODEL_TYPES", "HF_ARCHITECTURES", "config_from_hf", "config_to_hf"]
 
 HF_MODEL_TYPES = ("phi3",)
 HF_ARCHITECTURES = ("Phi3ForCausalLM",)
@@ -29,4 +29,14 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
         kind = out.rope_scaling.get("rope_type", out.rope_scaling.get("type"))
         raise ConfigMismatch(f"phi3 with {kind!r} rope scaling (the 128k-context models) is not supported by "
                              "this example plugin; the 4k-context configs are")
+    return out
+
+
+def config_to_hf(cfg: ModelConfig, dtype: str) -> dict[str, Any]:
+    """A Phi-3 config.json for a model known only from Megatron args (a checkpoint Megatron-LM wrote)."""
+    out = hf_config_dict(cfg, dtype, HF_MODEL_TYPES, HF_ARCHITECTURES, attention_bias=False)
+    out["partial_rotary_factor"] = 1.0  # what config_from_hf accepts: the whole head rotates
+    # Megatron's args keep no special tokens: Phi-3's own, where the vocabulary holds them
+    for key, token in (("bos_token_id", 1), ("eos_token_id", 32000), ("pad_token_id", 32000)):
+        out[key] = token if token < cfg.vocab_size else None
     return out

@@ -13,7 +13,7 @@ from ascend_patch.loaders.resolve import resolve_family, weight_map_for
 from ascend_patch.models.hf_config import read_config_json
 from ascend_patch.models.weightmap import TensorPlan
 
-from .fused import canonical_pieces, fused_plans, fused_shapes
+from .fused import canonical_pieces, fused_plans
 
 __all__ = ["Phi3Loader", "Phi3Saver"]
 
@@ -22,8 +22,6 @@ NAME = "phi3_hf"
 
 class Phi3Loader(CheckpointLoader):
     name = NAME
-    aliases = ("phi3",)
-    family_hints = {NAME: "phi3", "phi3": "phi3"}
     description = "Phi-3 Hugging Face checkpoint (fused qkv_proj and gate_up_proj)"
 
     def detect(self, path: str) -> bool:
@@ -35,7 +33,7 @@ class Phi3Loader(CheckpointLoader):
     def open(self, path: str, options: ConvertOptions) -> SourceCheckpoint:
         config = read_config_json(path)
         tensors, problems, _ = hf_weight_files(path)
-        spec, family_problems = resolve_family(options, config=config, hint="phi3")
+        spec, family_problems = resolve_family(options, config=config)
         problems += family_problems
         cfg = spec.config_from_hf(config)
         wm = weight_map_for(spec, cfg)
@@ -61,7 +59,7 @@ class Phi3Saver(HFSaver):
     """The hf saver (shards, index, config.json last), writing the fused tensors."""
 
     name = NAME
-    aliases = ("phi3",)
+    aliases = ()  # not HFSaver's: "hf" and its aliases stay the built-in saver's (the spec adds "phi3")
     description = "Phi-3 Hugging Face checkpoint (fused qkv_proj and gate_up_proj), loadable by from_pretrained"
     loader = NAME
 

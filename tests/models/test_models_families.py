@@ -1,0 +1,155 @@
+"""A family is its folder: each declares its whole spec, and nothing else in the package knows it by name."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import types
+
+import pytest
+
+from ascend_patch.models.hf_config import ConfigMismatch
+from ascend_patch.models.registry import ArgsMatcher, ModelSpec, UnknownSpec, get_spec_registry
+from ascend_patch.registry import DuplicateName
+
+MODELS = os.path.join(os.path.dirname(importlib.import_module("ascend_patch.models").__file__))
+
+
+def test_every_family_folder_declares_the_spec_the_plugin_collects():
+    from ascend_patch.models.plugin import builtin_specs
+
+    folders = sorted(d for d in os.listdir(MODELS)
+                     if os.path.isfile(os.path.join(MODELS, d, "__init__.py")))
+    specs = builtin_specs()
+    assert [s.name for s in specs] == folders == ["gpt", "llama", "qwen2", "qwen3"]
+    for spec in specs:
+        assert importlib.import_module(f"ascend_patch.models.{spec.name}").SPEC is spec
+        assert spec.layer_spec.__qualname__ == f"ascend_patch.models.{spec.name}.spec.layer_spec"
+    assert [s.name for s in specs if s.converts] == ["llama", "qwen2", "qwen3"]
+
+
+@pytest.mark.parametrize("typed,family", [("llama3.1", "llama"), ("Llama-3.1", "llama"), ("llama31", "llama"),
+                                          ("llama3.2", "llama"), ("mistral", "llama"), ("qwen2.5", "qwen2"),
+                                          ("Qwen2_5", "qwen2"), ("qwen", "qwen2"), ("QWEN3", "qwen3")])
+def test_the_spellings_users_type_name_a_family(typed, family):
+    assert get_spec_registry().get(typed).name == family
+
+
+def test_format_names_imply_their_family_and_are_aliases_of_its_format():
+    from ascend_patch.loaders.formats import get_format_registry
+
+    registry = get_spec_registry()
+    assert registry.for_format_name("QWEN3_HF").name == "qwen3"
+    assert registry.for_format_name("llama_mistral").name == "llama"
+    assert registry.for_format_name("qwen_hf").name == "qwen2"
+    assert registry.for_format_name("hf") is None and registry.for_format_name("mcore") is None
+    formats = get_format_registry(refresh=True)
+    for name in ("llama3_hf", "qwen2.5_hf", "qwen3_hf"):
+        assert formats.loader(name) is formats.loader("hf") and formats.saver(name) is formats.saver("hf")
+        assert formats.plugin_of("loader", name) == "loaders"  # the alias belongs to the format's plugin
+
+
+def _args(**given):
+    base = dict(num_layers=2, hidden_size=64, num_attention_heads=4)
+    return argparse.Namespace(**{**base, **given})
+
+
+def test_a_megatron_lm_checkpoint_is_recognised_by_its_args():
+    registry = get_spec_registry()
+    llama_like = dict(normalization="RMSNorm", swiglu=True)
+    assert registry.for_megatron_args(_args(**llama_like)).name == "llama"
+    assert registry.for_megatron_args(_args(**llama_like, add_qkv_bias=True)).name == "qwen2"
+    assert registry.for_megatron_args(_args(**llama_like, qk_layernorm=True)).name == "qwen3"
+    assert registry.for_megatron_args(_args(**llama_like, qk_layernorm=True, add_qkv_bias=True)).name == "qwen3"
+    assert registry.for_megatron_args({"normalization": "LayerNorm"}).name == "gpt"
+    assert registry.for_megatron_args(_args()).name == "gpt"  # Megatron's defaults are the classic GPT
+    with pytest.raises(ConfigMismatch) as info:
+        registry.for_megatron_args(_args(normalization="RMSNorm"))  # RMSNorm without SwiGLU: no family
+    assert str(info.value) == (
+        "the checkpoint's args (add_qkv_bias=False, normalization='RMSNorm', qk_layernorm=False, swiglu=False) "
+        "matches no family's Megatron arguments; pass --model-type-hf (gpt, llama, qwen2, qwen3)")
+
+
+def test_gpt_builds_but_does_not_convert_and_says_which_families_do():
+    from ascend_patch.loaders.resolve import weight_map_for
+
+    gpt = get_spec_registry().get("gpt")
+    mc = gpt.config_from_hf({"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": 2, "vocab_size": 100})
+    with pytest.raises(ConfigMismatch, match="model family gpt has no weight map, so the converter cannot handle it; "
+                                             "the families it converts: llama, qwen2, qwen3"):
+        weight_map_for(gpt, mc)
+
+
+def _family_plugin(**spec_fields):
+    from ascend_patch.hookspec import hookimpl
+    from ascend_patch.models.llama.config import config_from_hf
+
+    module = types.ModuleType("tinyfam_plugin")
+
+    @hookimpl
+    def ascend_patch_model_specs():
+        return [ModelSpec(name="tinyfam", config_from_hf=config_from_hf, **spec_fields)]
+
+    module.ascend_patch_model_specs = ascend_patch_model_specs
+    return module
+
+
+@pytest.fixture
+def with_plugin():
+    """Swap in a plugin manager with the built-ins and one in-process plugin; the process's comes back after."""
+    from ascend_patch.loaders.formats import get_format_registry
+    from ascend_patch.plugins import PluginManager, reset_plugin_manager
+
+    previous = []
+
+    def install(module):
+        pm = PluginManager(entry_points=False)
+        pm.register(module, "tinyfam", origin="tinyfam-plugin")
+        previous.append(reset_plugin_manager(pm))
+        return pm
+
+    yield install
+    reset_plugin_manager(previous[0] if previous else None)
+    get_spec_registry(refresh=True)
+    get_format_registry(refresh=True)
+
+
+def test_a_third_party_family_brings_its_spellings_format_names_and_args_inference(with_plugin):
+    from ascend_patch.loaders.formats import get_format_registry
+
+    with_plugin(_family_plugin(
+        aliases=("tiny-fam",), loader_aliases=("tiny_hf",),
+        # llama's facts and one of its own: a family refining another lists the other's facts too
+        megatron_args=ArgsMatcher({"normalization": "RMSNorm", "swiglu": True, "qk_layernorm": False,
+                                   "add_qkv_bias": False}, patterns={"tokenizer_model": r"(?i)tiny"})))
+    registry = get_spec_registry(refresh=True)
+    spec = registry.get("TinyFam")
+    assert registry.get("tiny-fam") is spec and spec.owner == "tinyfam"
+    assert registry.for_format_name("tiny_hf") is spec
+    formats = get_format_registry(refresh=True)
+    assert formats.loader("tiny_hf") is formats.loader("hf")
+    # llama's arguments and a tokenizer only this family names: the more specific family wins
+    assert registry.for_megatron_args(_args(normalization="RMSNorm", swiglu=True,
+                                            tokenizer_model="org/Tiny-1B")) is spec
+    assert registry.for_megatron_args(_args(normalization="RMSNorm", swiglu=True,
+                                            tokenizer_model="meta-llama/Llama-3.1-8B")).name == "llama"
+
+
+def test_a_family_claiming_another_familys_format_name_is_refused_naming_both(with_plugin):
+    with_plugin(_family_plugin(loader_aliases=("qwen3_hf",)))
+    with pytest.raises(DuplicateName) as info:
+        get_spec_registry(refresh=True)
+    text = str(info.value)
+    assert text.startswith("checkpoint format name 'qwen3_hf' is claimed by plugin ")
+    assert "plugin models (spec 'qwen3')" in text and "plugin tinyfam (spec 'tinyfam')" in text
+
+
+def test_a_tie_between_families_is_an_error_naming_them(with_plugin):
+    with_plugin(_family_plugin(megatron_args=ArgsMatcher({"normalization": "RMSNorm", "swiglu": True,
+                                                          "qk_layernorm": True})))
+    registry = get_spec_registry(refresh=True)
+    with pytest.raises(ConfigMismatch, match="matches the families qwen3, tinyfam equally"):
+        registry.for_megatron_args(_args(normalization="RMSNorm", swiglu=True, qk_layernorm=True))
+    with pytest.raises(UnknownSpec, match="unknown model spec 'qwen4'; known: gpt, llama, qwen2, qwen3, tinyfam"):
+        registry.get("qwen4")
