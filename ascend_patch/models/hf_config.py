@@ -56,6 +56,8 @@ class ModelConfig:
     params_dtype: str = "fp32"
     architectures: tuple[str, ...] = ()
     sliding_window: int | None = None  # enabled in config.json and shorter than the context; not built
+    hidden_dropout: float = 0.0  # the dropout rates the family's config.json trains with
+    attention_dropout: float = 0.0
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -247,6 +249,8 @@ def load_hf_config(cfg: Mapping[str, Any], family: str, *, qk_layernorm: bool = 
         params_dtype=params_dtype(cfg),
         architectures=tuple(cfg.get("architectures") or ()),
         sliding_window=sliding_window(cfg),
+        hidden_dropout=float(cfg.get("hidden_dropout") or 0.0),
+        attention_dropout=float(cfg.get("attention_dropout") or 0.0),
         raw=dict(cfg),
     )
 

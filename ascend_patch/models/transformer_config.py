@@ -21,13 +21,6 @@ __all__ = ["transformer_config_kwargs", "transformer_config", "gpt_model_kwargs"
 
 
 
-def _dropouts(mc: ModelConfig) -> tuple[float, float]:
-    raw = mc.raw
-    if mc.family == "gpt":
-        return float(raw.get("resid_pdrop", 0.1)), float(raw.get("attn_pdrop", 0.1))
-    return float(raw.get("hidden_dropout", 0.0)), float(raw.get("attention_dropout", 0.0))
-
-
 def transformer_config_kwargs(mc: ModelConfig, dtype: str | None = None, **overrides: Any) -> dict[str, Any]:
     """The ``TransformerConfig`` keyword arguments for ``mc`` (``dtype`` fp32/bf16/fp16 overrides the
     checkpoint's); ``overrides`` (parallel sizes, fusions, ...) are passed through and win.
@@ -46,7 +39,6 @@ def transformer_config_kwargs(mc: ModelConfig, dtype: str | None = None, **overr
     if dtype not in SHORT_NAMES:
         raise ValueError(f"dtype {dtype!r}: use one of {', '.join(SHORT_NAMES)}")
     params_dtype = getattr(torch, SHORT_NAMES[dtype])
-    hidden_dropout, attention_dropout = _dropouts(mc)
     kwargs: dict[str, Any] = dict(
         num_layers=mc.num_layers,
         hidden_size=mc.hidden_size,
@@ -61,8 +53,8 @@ def transformer_config_kwargs(mc: ModelConfig, dtype: str | None = None, **overr
         qk_layernorm=mc.qk_layernorm,
         gated_linear_unit=mc.activation == "swiglu",
         activation_func=F.silu if mc.activation == "swiglu" else F.gelu,
-        hidden_dropout=hidden_dropout,
-        attention_dropout=attention_dropout,
+        hidden_dropout=mc.hidden_dropout,
+        attention_dropout=mc.attention_dropout,
         params_dtype=params_dtype,
         pipeline_dtype=params_dtype,
         bf16=dtype == "bf16",

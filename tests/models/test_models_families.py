@@ -153,3 +153,17 @@ def test_a_tie_between_families_is_an_error_naming_them(with_plugin):
         registry.for_megatron_args(_args(normalization="RMSNorm", swiglu=True, qk_layernorm=True))
     with pytest.raises(UnknownSpec, match="unknown model spec 'qwen4'; known: gpt, llama, qwen2, qwen3, tinyfam"):
         registry.get("qwen4")
+
+
+def test_dropout_rates_come_from_the_familys_config_map():
+    from ascend_patch.models.transformer_config import transformer_config_kwargs
+
+    gpt = get_spec_registry().get("gpt").config_from_hf({"model_type": "gpt2", "n_embd": 64, "n_head": 4,
+                                                         "n_layer": 2, "vocab_size": 100, "resid_pdrop": 0.2})
+    kwargs = transformer_config_kwargs(gpt)
+    assert (kwargs["hidden_dropout"], kwargs["attention_dropout"]) == (0.2, 0.1)  # GPT-2's names and defaults
+    llama = get_spec_registry().get("llama").config_from_hf({
+        "model_type": "llama", "num_attention_heads": 4, "hidden_size": 64, "num_hidden_layers": 2,
+        "intermediate_size": 96, "vocab_size": 100, "attention_dropout": 0.05})
+    kwargs = transformer_config_kwargs(llama)
+    assert (kwargs["hidden_dropout"], kwargs["attention_dropout"]) == (0.0, 0.05)

@@ -26,4 +26,5 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", True)), add_bias_linear=True,
         add_qkv_bias=True, normalization="LayerNorm", activation="gelu",
         position_embedding_type="learned_absolute", params_dtype=params_dtype(cfg),
+        hidden_dropout=float(cfg.get("resid_pdrop", 0.1)), attention_dropout=float(cfg.get("attn_pdrop", 0.1)),
         architectures=tuple(cfg.get("architectures") or ()), raw=dict(cfg))
