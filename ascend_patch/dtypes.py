@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .errors import AscendPatchError
+
 __all__ = [
     "DType",
     "DTYPES",
@@ -64,7 +66,7 @@ _ALIASES = {**SHORT_NAMES, "float": "float32", "half": "float16"}
 _BY_CODE = {d.safetensors: d.name for d in DTYPES.values()}
 
 
-class UnknownDType(ValueError):
+class UnknownDType(AscendPatchError, ValueError):
     """A dtype name no table here knows."""
 
 

@@ -32,7 +32,10 @@ class Finding:
     remedy: str = ""
 
     def __str__(self) -> str:
-        return f"{self.message}; {self.remedy}" if self.remedy else self.message
+        if not self.remedy:
+            return self.message
+        # a message that is a whole sentence is followed by the remedy as the next one
+        return f"{self.message} {self.remedy}" if self.message.endswith(".") else f"{self.message}; {self.remedy}"
 
 
 class FindingError(AscendPatchError, ValueError):

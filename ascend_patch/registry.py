@@ -14,12 +14,16 @@ from typing import Generic, TypeVar
 
 from .errors import AscendPatchError
 
-__all__ = ["DuplicateName", "NamedRegistry", "UnknownName", "loose_key"]
+__all__ = ["DuplicateName", "NamedRegistry", "RegistryError", "UnknownName", "loose_key"]
 
 T = TypeVar("T")
 
 
-class DuplicateName(AscendPatchError, ValueError):
+class RegistryError(AscendPatchError, ValueError):
+    """An object a plugin registers that a registry cannot hold (it has no name, or a taken one)."""
+
+
+class DuplicateName(RegistryError):
     """Two objects claim one name."""
 
 
@@ -50,7 +54,7 @@ class NamedRegistry(Generic[T]):
     def add(self, obj: T, name: str, aliases: Iterable[str] = (), owner: str = "", label: str | None = None) -> None:
         """Register ``obj`` under ``name`` and ``aliases`` (a name it already holds is accepted again)."""
         if not name:
-            raise ValueError(f"{self.what} {obj!r} from plugin {owner or '?'} has no name")
+            raise RegistryError(f"{self.what} {obj!r} from plugin {owner or '?'} has no name")
         label = label or name
         for alias in (name, *aliases):
             key = self.key(alias)

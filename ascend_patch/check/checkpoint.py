@@ -15,6 +15,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Sequence
 
+from ..errors import Finding
 from ..loaders.megatron_layout import rank_dirs
 from ..parallel import Layout, ParallelConfigError, parse_layer_list, stages_from_first_last, training_split_flags
 from .probe import CheckpointLayout
@@ -122,7 +123,7 @@ def _expert_remedy(ckpt: CheckpointLayout) -> str:
 
 
 def checkpoint_findings(ckpt: CheckpointLayout, launch: Layout,
-                        layer_list: Sequence[int] | None = None) -> tuple[list[str], list[str]]:
+                        layer_list: Sequence[int] | None = None) -> tuple[list[Finding], list[str]]:
     """(errors, notes) about loading ``ckpt`` at ``launch``; the checkpoint's own problems come first.
 
     ``launch`` places the model's layers when the model is known; ``layer_list`` is the
@@ -155,10 +156,11 @@ def checkpoint_findings(ckpt: CheckpointLayout, launch: Layout,
         now = " and ".join(f"{n}={v}" for n, _, v in differs)
         head = (f"this checkpoint was saved with {what} but you are launching {now}: the torch format cannot be "
                 f"re-sharded on load ({_what_differs(ckpt, launch, stages, launch_stages)}). ")
+    code = "checkpoint-placement" if placement else "checkpoint-layout"
     if _is_expert(ckpt, launch):
-        errors.append(head + _expert_remedy(ckpt))
+        errors.append(Finding(code, head.rstrip(), _expert_remedy(ckpt)))
         return errors, notes
-    errors.append(head + f"Re-shard it first:\n      {command}\n    then launch with --load {then}")
+    errors.append(Finding(code, head.rstrip(), f"Re-shard it first:\n      {command}\n    then launch with --load {then}"))
     if layer_list and (flags := training_split_flags(layer_list)):
         notes.append(f"the re-sharded checkpoint places layers {','.join(map(str, layer_list))}; "
                      f"train with {flags} to build the same stages")

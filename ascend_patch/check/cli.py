@@ -90,8 +90,10 @@ def _json(report: CheckReport) -> str:
         "groups": layout.megatron_groups() if layout is not None else {},
         "model": asdict(report.model) if report.model else None,
         "checkpoint": None if report.checkpoint is None else {
-            k: v for k, v in asdict(report.checkpoint).items() if k != "args"},
-        "errors": report.errors, "warnings": report.warnings, "notes": report.notes,
+            **{k: v for k, v in asdict(report.checkpoint).items() if k != "args"},
+            "problems": [str(f) for f in report.checkpoint.problems]},
+        "errors": [str(f) for f in report.errors], "warnings": [str(f) for f in report.warnings],
+        "notes": report.notes,
     }
     return json.dumps(data, indent=2, default=str)
 

@@ -23,6 +23,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import Finding
 from ..loaders.megatron_layout import (RANK_FILE, RELEASE, TRACKER, chunk_index, chunk_names, is_distributed,
                                        iteration_dir, iteration_dirs, iteration_of, parse_rank_dir, rank_coordinates,
                                        rank_dir, read_tracker)
@@ -50,7 +51,7 @@ class CheckpointLayout:
     ep: int | None = None
     vpp: int | None = None  # model chunks per pipeline rank (1: no virtual pipeline)
     args: dict[str, Any] = field(default_factory=dict)
-    problems: list[str] = field(default_factory=list)  # the checkpoint itself is broken
+    problems: list[Finding] = field(default_factory=list)  # the checkpoint itself is broken
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -65,8 +66,8 @@ def _read_iteration(path: str, layout: CheckpointLayout) -> str | None:
     if not os.path.exists(os.path.join(path, TRACKER)):
         found = iteration_dirs(path)
         if not found:
-            layout.problems.append(f"{path} has no {TRACKER} and no iter_XXXXXXX/ "
-                                   "or release/ folder: it is not a Megatron checkpoint directory")
+            layout.problems.append(Finding("not-a-checkpoint", f"{path} has no {TRACKER} and no iter_XXXXXXX/ "
+                                           "or release/ folder: it is not a Megatron checkpoint directory"))
             return None
         layout.notes.append(f"no {TRACKER}; using the newest folder {found[-1]}")
         name = found[-1]
@@ -74,13 +75,14 @@ def _read_iteration(path: str, layout: CheckpointLayout) -> str | None:
         try:
             name = iteration_dir(read_tracker(path))
         except CorruptCheckpoint as exc:
-            layout.problems.append(str(exc))
+            layout.problems.append(Finding("tracker", str(exc)))
             return None
     iteration = iteration_of(name)
     layout.iteration = 0 if iteration == RELEASE else iteration
     directory = os.path.join(path, name)
     if not os.path.isdir(directory):
-        layout.problems.append(f"{TRACKER} points at {name}/, which does not exist in {path}")
+        layout.problems.append(Finding("iteration-missing", f"{TRACKER} points at {name}/, which does not exist in "
+                                       f"{path}"))
         return None
     return directory
 
@@ -118,7 +120,7 @@ def _load_state(file: str, trust: bool, layout: CheckpointLayout) -> dict[str, A
             layout.notes.append(f"args not read from {file}: {type(exc2).__name__}: {exc2}")
             return None
     except CorruptCheckpoint as exc:
-        layout.problems.append(str(exc))
+        layout.problems.append(Finding("corrupt", str(exc)))
         return None
     if not isinstance(state, dict):
         layout.notes.append(f"{name} holds a {type(state).__name__}, not a Megatron checkpoint dict")
@@ -136,8 +138,8 @@ def _read_rank_file(file: str, trust: bool, layout: CheckpointLayout) -> None:
         chunks = [chunk_index(n) for n in names]
         layout.vpp = len(chunks)
         if chunks != list(range(len(chunks))):
-            layout.problems.append(f"{os.path.basename(file)} holds model chunks "
-                                   f"{', '.join(f'model{c}' for c in chunks)}: some are missing")
+            layout.problems.append(Finding("chunks-missing", f"{os.path.basename(file)} holds model chunks "
+                                           f"{', '.join(f'model{c}' for c in chunks)}: some are missing"))
     elif names:
         layout.vpp = 1
     args = state.get("args")
@@ -148,8 +150,8 @@ def _read_rank_file(file: str, trust: bool, layout: CheckpointLayout) -> None:
     layout.args = {k: values[k] for k in _ARG_NAMES if k in values}
     saved_vpp = layout.args.get("virtual_pipeline_model_parallel_size")
     if layout.vpp is not None and saved_vpp is not None and saved_vpp != layout.vpp:
-        layout.problems.append(f"the saved args say virtual_pipeline_model_parallel_size={saved_vpp} but "
-                               f"{os.path.basename(file)} holds {layout.vpp} model chunk(s)")
+        layout.problems.append(Finding("args-vs-files", f"the saved args say virtual_pipeline_model_parallel_size="
+                                       f"{saved_vpp} but {os.path.basename(file)} holds {layout.vpp} model chunk(s)"))
     if layout.vpp is None and saved_vpp:
         layout.vpp = saved_vpp
 
@@ -158,7 +160,7 @@ def probe_checkpoint(path: str, trust: bool = False) -> CheckpointLayout:
     """The layout of the Megatron checkpoint in ``path`` (problems recorded, never raised)."""
     layout = CheckpointLayout(os.path.abspath(path), "unknown", None, None)
     if not os.path.isdir(path):
-        layout.problems.append(f"--load {path}: no such directory")
+        layout.problems.append(Finding("no-such-directory", f"--load {path}: no such directory"))
         return layout
     directory = _read_iteration(path, layout)
     if directory is None:
@@ -176,7 +178,8 @@ def probe_checkpoint(path: str, trust: bool = False) -> CheckpointLayout:
     ranks = [(parse_rank_dir(e), e) for e in os.listdir(directory)]
     ranks = [(m, e) for m, e in ranks if m is not None and os.path.isdir(os.path.join(directory, e))]
     if not ranks:
-        layout.problems.append(f"{directory} has no mp_rank_* folders and no distributed-checkpoint metadata")
+        layout.problems.append(Finding("no-rank-folders", f"{directory} has no mp_rank_* folders and no "
+                                       "distributed-checkpoint metadata"))
         return layout
     layout.format = "torch"
     first = sorted(e for _, e in ranks)[0]
@@ -185,7 +188,8 @@ def probe_checkpoint(path: str, trust: bool = False) -> CheckpointLayout:
         _read_rank_file(rank_file, trust, layout)
     widths = {sum(g is not None for g in m) for m, _ in ranks}
     if len(widths) > 1:
-        layout.problems.append(f"{directory} mixes mp_rank_* folder shapes ({', '.join(sorted(e for _, e in ranks))})")
+        layout.problems.append(Finding("mixed-rank-folders", f"{directory} mixes mp_rank_* folder shapes "
+                                       f"({', '.join(sorted(e for _, e in ranks))})"))
         return layout
     width = widths.pop()
     tps = {m[0] for m, _ in ranks}
@@ -211,12 +215,13 @@ def probe_checkpoint(path: str, trust: bool = False) -> CheckpointLayout:
     if missing:
         names = ", ".join(rank_dir(t, p, e, pp=layout.pp, ep=layout.ep) for t, p, e in missing[:6])
         more = f" and {len(missing) - 6} more" if len(missing) > 6 else ""
-        layout.problems.append(f"{directory} is incomplete: TP={layout.tp} x PP={layout.pp} x EP={layout.ep} "
-                               f"needs {len(expected)} rank folders, {names}{more} missing")
+        layout.problems.append(Finding("incomplete", f"{directory} is incomplete: TP={layout.tp} x PP={layout.pp} x "
+                                       f"EP={layout.ep} needs {len(expected)} rank folders, {names}{more} missing"))
     for name, folder_value in (("tensor_model_parallel_size", layout.tp), ("pipeline_model_parallel_size", layout.pp),
                                ("expert_model_parallel_size", layout.ep)):
         saved = layout.args.get(name)
         if saved is not None and saved != folder_value:
-            layout.problems.append(f"the saved args say {name}={saved} but the folders say {folder_value}")
+            layout.problems.append(Finding("args-vs-files", f"the saved args say {name}={saved} but the folders say "
+                                           f"{folder_value}"))
     return layout
 

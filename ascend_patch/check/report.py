@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from ..errors import Finding
 from ..parallel import (
     DEFAULT_ORDER,
     TRAINING_FLAGS,
@@ -61,8 +62,8 @@ class CheckReport:
     layout: Layout | None
     model: ModelDims | None
     checkpoint: CheckpointLayout | None
-    errors: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
+    errors: list[Finding] = field(default_factory=list)
+    warnings: list[Finding] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -110,9 +111,9 @@ def _node_warnings(report: CheckReport, layout: Layout) -> None:
         for group in layout.groups(dims):
             nodes = sorted({r // per_node for r in group})
             if len(nodes) > 1:
-                report.warnings.append(
-                    f"{name} group {group} spans nodes {', '.join(map(str, nodes))}: {why}; keep "
-                    f"{name} x (faster dimensions) within the {per_node} devices of a node")
+                report.warnings.append(Finding(
+                    "group-spans-nodes", f"{name} group {group} spans nodes {', '.join(map(str, nodes))}: {why}",
+                    f"keep {name} x (faster dimensions) within the {per_node} devices of a node"))
                 break
 
 
@@ -134,35 +135,37 @@ def preflight(world_size: int | None = None, nnodes: int | None = None, nproc_pe
     if nnodes is not None and nproc_per_node is not None:
         nodes_world = nnodes * nproc_per_node
         if world_size is not None and world_size != nodes_world:
-            report.errors.append(f"--world-size {world_size} disagrees with --nnodes {nnodes} x "
-                                 f"--nproc-per-node {nproc_per_node} = {nodes_world}")
+            report.errors.append(Finding("world-size", f"--world-size {world_size} disagrees with --nnodes {nnodes} x "
+                                         f"--nproc-per-node {nproc_per_node} = {nodes_world}"))
         world_size = world_size or nodes_world
     if world_size is None:
-        report.errors.append("give --world-size, or --nnodes and --nproc-per-node")
+        report.errors.append(Finding("world-size", "give --world-size, or --nnodes and --nproc-per-node"))
         return report
     report.world_size = world_size
     if nproc_per_node and world_size % nproc_per_node:
-        report.errors.append(f"world size {world_size} is not a whole number of nodes of {nproc_per_node} devices")
+        report.errors.append(Finding("nodes", f"world size {world_size} is not a whole number of nodes of "
+                                     f"{nproc_per_node} devices"))
     try:
         layout = Layout.from_world(world_size, tp=tp, pp=pp, cp=cp, ep=ep, expert_tp=etp, order=order)
     except ParallelConfigError as exc:
-        report.errors.append(str(exc))
+        report.errors.append(exc.finding)
         layout = None
     report.layout = layout
     if hf_config:
         try:
             report.model = _model_from_hf(hf_config)
         except (ValueError, LookupError) as exc:
-            report.errors.append(f"--hf-config {hf_config}: {exc}")
+            report.errors.append(Finding("hf-config", f"--hf-config {hf_config}: {exc}"))
     if model is not None and report.model is not None and hf_config:
         for name, value in asdict(model).items():
             said = getattr(report.model, name)
             if name != "source" and value is not None and said is not None and value != said:
-                report.errors.append(f"--{name.replace('_', '-')} {value} disagrees with {hf_config}, which says "
-                                     f"{said}; drop the flag or fix it")
+                report.errors.append(Finding("model-flag", f"--{name.replace('_', '-')} {value} disagrees with "
+                                             f"{hf_config}, which says {said}", "drop the flag or fix it"))
     if megatron_args:
         if not hf_config:
-            report.errors.append("--megatron-args is checked against a model config: give --hf-config too")
+            report.errors.append(Finding("megatron-args", "--megatron-args is checked against a model config",
+                                         "give --hf-config too"))
         elif report.model is not None:
             from ..models.args_cli import disagreements
             from ..models.hf_config import read_config_json
@@ -171,7 +174,9 @@ def preflight(world_size: int | None = None, nnodes: int | None = None, nproc_pe
             cfg = read_config_json(hf_config)
             spec = get_spec_registry().for_hf_config(cfg)
             problems = disagreements(spec.config_from_hf(cfg), megatron_args, spec=spec.name)
-            report.errors.extend(f"{problem} ({hf_config})" for problem in problems)
+            for p in problems:  # which config the flags were held against
+                report.errors.append(replace(p, remedy=f"{p.remedy} ({hf_config})") if p.remedy
+                                     else replace(p, message=f"{p.message} ({hf_config})"))
     if model is not None:
         base = report.model or ModelDims()
         merged = {k: (v if v is not None else getattr(base, k)) for k, v in asdict(model).items() if k != "source"}
@@ -185,8 +190,8 @@ def preflight(world_size: int | None = None, nnodes: int | None = None, nproc_pe
             for name in ("num_layers", "num_attention_heads", "num_query_groups", "hidden_size", "ffn_hidden_size"):
                 mine, theirs = getattr(report.model, name), getattr(saved, name)
                 if mine is not None and theirs is not None and mine != theirs:
-                    report.errors.append(f"the checkpoint was saved with {name}={theirs} but "
-                                         f"{report.model.source} says {mine}: they are different models")
+                    report.errors.append(Finding("checkpoint-model", f"the checkpoint was saved with {name}={theirs} "
+                                                 f"but {report.model.source} says {mine}: they are different models"))
     stages = None
     layer_list = parse_layer_list(num_layer_list)
     m = report.model
@@ -201,7 +206,7 @@ def preflight(world_size: int | None = None, nnodes: int | None = None, nproc_pe
         if m.num_experts:
             checks.append(lambda: check_experts(m.num_experts, ep))
         tp_errors = collect(*checks)
-        report.errors.extend(str(e) for e in tp_errors)
+        report.errors.extend(tp_errors)
         if any(e.code in ("heads", "query-groups", "ffn") for e in tp_errors):
             report.notes.append(_joint_tp_sizes(m, world_size, pp, cp))
         if m.num_layers:
@@ -216,13 +221,12 @@ def preflight(world_size: int | None = None, nnodes: int | None = None, nproc_pe
                     report.notes.append(f"layers per pipeline stage {','.join(map(str, stages))}: megatron-core "
                                         f"builds them with {flags}")
             except ParallelConfigError as exc:
-                report.errors.append(str(exc))
+                report.errors.append(exc.finding)
     elif layer_list is not None or first_stage_layers is not None or last_stage_layers is not None:
         report.notes.append("the uneven pipeline split was not checked: the number of layers is unknown (give "
                             "--hf-config or --num-layers)")
     if seq_length is not None:
-        report.errors.extend(str(e) for e in collect(
-            lambda: check_seq_length(seq_length, cp, tp, sequence_parallel)))
+        report.errors.extend(collect(lambda: check_seq_length(seq_length, cp, tp, sequence_parallel)))
     if layout is not None:
         _node_warnings(report, layout)
         if report.checkpoint is not None:
@@ -231,8 +235,8 @@ def preflight(world_size: int | None = None, nnodes: int | None = None, nproc_pe
                 if stages and m is not None and m.num_layers:
                     launch = launch.placed(m.num_layers, layer_list, flags=CHECK_FLAGS)
             except ParallelConfigError as exc:  # already reported when the model is known
-                if str(exc) not in report.errors:
-                    report.errors.append(str(exc))
+                if exc.finding not in report.errors:
+                    report.errors.append(exc.finding)
             else:
                 errors, notes = checkpoint_findings(report.checkpoint, launch, layer_list)
                 report.errors.extend(errors)
@@ -243,5 +247,5 @@ def preflight(world_size: int | None = None, nnodes: int | None = None, nproc_pe
 
     for finding in nccl_environment(target):
         if not finding.effective:
-            report.warnings.append(finding.detail)
+            report.warnings.append(Finding("nccl-environment", finding.detail))
     return report

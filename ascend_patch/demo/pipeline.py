@@ -27,6 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import AscendPatchError
+
 __all__ = ["DemoResult", "DemoError", "run_demo"]
 
 MARK = ".ascend-patch-demo"
@@ -36,7 +38,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 EXAMPLE = os.path.join(REPO, "examples", "pretrain_gpt.py")
 
 
-class DemoError(RuntimeError):
+class DemoError(AscendPatchError, RuntimeError):
     """A stage failed; the message says which and where its log is."""
 
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..dtypes import itemsize, torch_dtype
+from ..errors import AscendPatchError
 from ..models.weightmap import Piece, TensorPlan
 
 if TYPE_CHECKING:
@@ -41,7 +42,7 @@ __all__ = [
 _RAW = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
-class CorruptCheckpoint(ValueError):
+class CorruptCheckpoint(AscendPatchError, ValueError):
     """A checkpoint file that is truncated, malformed, or not what its header says."""
 
 

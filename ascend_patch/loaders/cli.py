@@ -14,6 +14,8 @@ import sys
 from typing import Any
 
 from ..dtypes import SHORT_NAMES
+from ..errors import AscendPatchError
+from ..parallel import ParallelConfigError
 
 __all__ = ["register", "options_from_args", "run_convert", "run_verify"]
 
@@ -111,13 +113,7 @@ def options_from_args(args: argparse.Namespace) -> Any:
 
 
 def run_convert(args: argparse.Namespace) -> int:
-    from .blocks import CorruptCheckpoint
     from .engine import Interrupted, convert
-    from .formats import UnknownFormat
-    from .preflight import PreflightError
-    from .torch_io import UnsafeCheckpoint
-    from ..models.hf_config import ConfigMismatch
-    from ..models.registry import UnknownSpec
 
     if args.model_type.upper() != "GPT":
         print(f"ascend-patch convert: --model-type {args.model_type} is not supported (only GPT)", file=sys.stderr)
@@ -126,13 +122,14 @@ def run_convert(args: argparse.Namespace) -> int:
         options = options_from_args(args)
         options = _resolve_vpp(options, args)
         result = convert(args.load_dir, args.save_dir, args.loader, args.saver, options)
-    except (PreflightError, UnknownFormat, UnknownSpec, ConfigMismatch, CorruptCheckpoint, UnsafeCheckpoint,
-            ValueError) as exc:
-        print(f"ascend-patch convert: {exc}", file=sys.stderr)
-        return 2
     except Interrupted as exc:
         print(f"ascend-patch convert: {exc}", file=sys.stderr)
         return 130
+    # every error the converter raises on purpose; a ValueError is what the standard library raises on a
+    # malformed value in a config or in args (int("x")): the message, not a traceback, is what helps there
+    except (AscendPatchError, ValueError) as exc:
+        print(f"ascend-patch convert: {exc}", file=sys.stderr)
+        return 2
     print(result.summary())
     if result.verify is not None and not result.verify.ok:
         return 1
@@ -151,8 +148,9 @@ def _resolve_vpp(options: Any, args: argparse.Namespace) -> Any:
     source = get_format_registry().loader(args.loader).open(args.load_dir, options)
     layers, pp = source.config.num_layers, options.target_pp
     if layers % (pp * per):
-        raise ValueError(f"{layers} layers cannot be split into chunks of {per} over {pp} pipeline stages; "
-                         f"valid chunk sizes: {', '.join(str(k) for k in range(1, layers + 1) if layers % (pp * k) == 0)}")
+        raise ParallelConfigError(
+            f"{layers} layers cannot be split into chunks of {per} over {pp} pipeline stages", "layers",
+            f"valid chunk sizes: {', '.join(str(k) for k in range(1, layers + 1) if layers % (pp * k) == 0)}")
     return dataclasses.replace(options, target_vpp=layers // (pp * per))
 
 
@@ -165,7 +163,7 @@ def run_verify(args: argparse.Namespace) -> int:
                         options=ConvertOptions(model_type_hf=args.model_type_hf,
                                                true_vocab_size=args.true_vocab_size),
                         check_keys=not args.no_keys)
-    except (LookupError, ValueError) as exc:
+    except (AscendPatchError, ValueError) as exc:
         print(f"ascend-patch verify: {exc}", file=sys.stderr)
         return 2
     print(report.summary())

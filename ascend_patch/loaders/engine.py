@@ -27,15 +27,16 @@ from typing import Any
 
 import numpy as np
 
+from ..dtypes import itemsize
+from ..errors import AscendPatchError, Finding
 from ..models.registry import get_spec_registry
 from ..models.weightmap import Piece, TensorPlan, compose
 from ..parallel import LayoutError
-from ..dtypes import itemsize
 from .blocks import BlockFiller, raw_dtype, row_blocks
 from .formats import ConvertOptions, SourceCheckpoint, TargetFile, TargetPlan, get_format_registry
 from .parallel_write import default_workers, write_groups
+from .preflight import PreflightError, check_disk_space, check_dtype, check_output_dir
 from .torch_zip import PAGE
-from .preflight import PreflightError, Problem, check_disk_space, check_dtype, check_output_dir
 
 __all__ = ["convert", "prepare", "ConversionResult", "Interrupted", "BLOCK_BYTES", "Progress"]
 
@@ -46,7 +47,7 @@ STAGING_PREFIX = ".ascend_patch-partial-"
 Progress = Callable[[str, dict[str, Any]], None]
 
 
-class Interrupted(RuntimeError):
+class Interrupted(AscendPatchError, RuntimeError):
     """The conversion was stopped by a signal; the staging directory was removed."""
 
 
@@ -82,7 +83,7 @@ def prepare(load_dir: str, save_dir: str | None, loader: str, saver: str,
     implied = get_spec_registry().for_format_name(loader)  # --loader qwen3_hf: the qwen3 family
     if implied is not None and "family_hint" not in options.extra:
         options = _with_extra(options, family_hint=implied.name)
-    problems: list[Problem] = []
+    problems: list[Finding] = []
     if save_dir is not None:
         problems += check_output_dir(save_dir, options.force, load_dir)
     source = loader_obj.open(load_dir, options)
@@ -91,7 +92,7 @@ def prepare(load_dir: str, save_dir: str | None, loader: str, saver: str,
     for flag, claimed in dict(options.extra.get("claimed") or {}).items():
         actual = getattr(source.config, flag)
         if claimed and not actual:
-            problems.append(Problem("flag-vs-config", f"--{flag.replace('_', '-')} was given but the {source.config.family} "
+            problems.append(Finding("flag-vs-config", f"--{flag.replace('_', '-')} was given but the {source.config.family} "
                                     f"config of {load_dir} has {flag}=False", "drop the flag or fix the config"))
     plan = saver_obj.plan(source, options)
     problems += plan.problems
@@ -100,7 +101,7 @@ def prepare(load_dir: str, save_dir: str | None, loader: str, saver: str,
             for f in plan.files:
                 f.tensors = [compose(t, source.canonical) for t in f.tensors]
         except LayoutError as exc:
-            problems.append(Problem("compose", str(exc)))
+            problems.append(Finding("compose", str(exc)))
     if save_dir is not None and not problems:
         problems += check_disk_space(save_dir, plan.nbytes + sum(map(len, plan.side_files.values())))
     if problems:

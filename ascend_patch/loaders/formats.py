@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
     from ..models.hf_config import ModelConfig
     from ..models.registry import ModelSpec
-    from .preflight import Problem
+    from ..errors import Finding
 
 __all__ = [
     "TensorInfo",
@@ -108,7 +108,7 @@ class SourceCheckpoint:
     args: Any = None
     replicas: list[tuple[str, str, Piece]] = field(default_factory=list)
     inventory: dict[str, dict[str, tuple[int, ...] | None]] = field(default_factory=dict)
-    problems: list[Problem] = field(default_factory=list)
+    problems: list[Finding] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
@@ -152,7 +152,7 @@ class TargetPlan:
     naming: str | None = None
     padded_vocab: int | None = None
     description: str = ""
-    problems: list[Problem] = field(default_factory=list)
+    problems: list[Finding] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
     @property

@@ -17,13 +17,14 @@ import os
 from collections import Counter
 from typing import Any
 
+from ..dtypes import canonical, itemsize
+from ..errors import Finding
 from ..models.hf_config import ModelConfig, read_config_json
 from ..models.weightmap import Piece, TensorPlan
-from ..dtypes import canonical, itemsize
 from .blocks import CorruptCheckpoint
 from .formats import (CheckpointLoader, CheckpointSaver, ConvertOptions, SourceCheckpoint, TargetFile, TargetPlan,
                       TensorInfo)
-from .preflight import Problem, check_tensors
+from .preflight import check_tensors
 from .resolve import resolve_family, weight_map_for
 
 __all__ = ["HFLoader", "HFSaver", "hf_weight_files", "own_format_problems", "source_from_hf_tensors", "parse_size"]
@@ -42,13 +43,13 @@ def _read_json(path: str) -> Any:
         raise CorruptCheckpoint(f"{path} is not valid JSON: {exc}") from None
 
 
-def hf_weight_files(path: str) -> tuple[dict[str, TensorInfo], list[Problem], str]:
+def hf_weight_files(path: str) -> tuple[dict[str, TensorInfo], list[Finding], str]:
     """Every tensor in an HF directory's weight files (headers only), problems with its index, and
     the index path ('' when there is none). Loader plugins for HF-like layouts start here."""
     from .safetensors_io import read_safetensors_index
     from .torch_io import safe_load, tensor_infos
 
-    problems: list[Problem] = []
+    problems: list[Finding] = []
     index_path = None
     for name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
         if os.path.isfile(os.path.join(path, name)):
@@ -83,13 +84,13 @@ def hf_weight_files(path: str) -> tuple[dict[str, TensorInfo], list[Problem], st
             infos = {k: v for k, v in tensor_infos(state, full) if v is not None}
         for key, info in infos.items():
             if key in tensors:
-                problems.append(Problem("duplicate-tensor", f"{key} is stored in both {tensors[key].path} and {full}",
+                problems.append(Finding("duplicate-tensor", f"{key} is stored in both {tensors[key].path} and {full}",
                                         "remove one copy"))
             tensors[key] = info
     if weight_map is not None:
         absent = sorted(k for k, f in weight_map.items() if k not in tensors)
         if absent:
-            problems.append(Problem("index-mismatch", f"{os.path.basename(index_path)} lists {len(absent)} tensor(s) "
+            problems.append(Finding("index-mismatch", f"{os.path.basename(index_path)} lists {len(absent)} tensor(s) "
                                     f"its shards do not hold: {', '.join(absent[:5])}", "re-download the checkpoint"))
     return tensors, problems, index_path or ""
 
@@ -114,7 +115,7 @@ class HFLoader(CheckpointLoader):
 
 
 def source_from_hf_tensors(fmt: str, path: str, config: dict[str, Any], tensors: dict[str, TensorInfo],
-                           options: ConvertOptions, problems: list[Problem] | None = None,
+                           options: ConvertOptions, problems: list[Finding] | None = None,
                            generation_config: dict[str, Any] | None = None) -> SourceCheckpoint:
     """A SourceCheckpoint for tensors stored under their HF names (any storage: a loader plugin's helper).
 
@@ -171,7 +172,7 @@ def parse_size(text: str | int) -> int:
     return int(s)
 
 
-def own_format_problems(spec: Any, fmt: str, kind: str) -> list[Problem]:
+def own_format_problems(spec: Any, fmt: str, kind: str) -> list[Finding]:
     """A family whose HF files are not the weight map's own tensors (fused q/k/v, say) names the
     loader / saver that handles them in ``spec.hf_format``; any other HF format would
     misread or miswrite them."""
@@ -179,7 +180,7 @@ def own_format_problems(spec: Any, fmt: str, kind: str) -> list[Problem]:
     if not wanted or wanted == fmt:
         return []
     owner = f" (from plugin {spec.owner})" if getattr(spec, "owner", "") else ""
-    return [Problem("hf-format", f"{spec.name} checkpoints store their tensors in their own layout, which the "
+    return [Finding("hf-format", f"{spec.name} checkpoints store their tensors in their own layout, which the "
                     f"{fmt!r} {kind} does not {'read' if kind == 'loader' else 'write'}",
                     f"use --{kind} {wanted}{owner}")]
 
@@ -194,7 +195,7 @@ class HFSaver(CheckpointSaver):
         dtype = canonical(options.params_dtype) if options.params_dtype else source.dtype
         problems = own_format_problems(source.spec, self.name, "saver")
         if not source.hf_config and source.spec.config_to_hf is None:
-            problems.append(Problem("hf-config", f"the source holds no HF config.json and the {source.spec.name} "
+            problems.append(Finding("hf-config", f"the source holds no HF config.json and the {source.spec.name} "
                                     "family cannot write one from Megatron args (its spec has no config_to_hf)",
                                     "convert from a checkpoint that stores its HF config (one ascend-patch wrote), "
                                     "or give the family a config_to_hf"))

@@ -17,17 +17,18 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
+from ..dtypes import canonical as canonical_dtype
+from ..errors import Finding
 from ..models.registry import get_spec_registry
 from ..models.vocab import padded_vocab_size
 from ..models.weightmap import ExtraState, TensorPlan, coverage_gaps, invert
 from ..parallel import Layout, LayoutError
-from ..dtypes import canonical as canonical_dtype
 from .blocks import CorruptCheckpoint
 from .formats import CheckpointLoader, CheckpointSaver, ConvertOptions, SourceCheckpoint, TargetFile, TargetPlan
 from .megatron_args import build_args, config_from_args
 from .megatron_layout import (RANK_FILE, RELEASE, TRACKER, chunk_names, is_distributed, iteration_dir, iteration_of,
                               parse_rank_dir, rank_coordinates, rank_dir, read_tracker)
-from .preflight import Problem, check_pipeline_split, check_tensor_split, check_tensors, check_vocab
+from .preflight import check_pipeline_split, check_tensor_split, check_tensors, check_vocab
 from .resolve import resolve_family, weight_map_for
 
 __all__ = ["MegatronLoader", "MegatronSaver"]
@@ -70,7 +71,7 @@ class MegatronLoader(CheckpointLoader):
             raise CorruptCheckpoint(f"{root} holds no mp_rank_* directories")
         tp = 1 + max(t for t, _ in ranks)
         pp = 1 + max(p for _, p in ranks)
-        problems: list[Problem] = []
+        problems: list[Finding] = []
         absent = [(t, p) for t in range(tp) for p in range(pp) if (t, p) not in ranks]
         if absent:
             raise CorruptCheckpoint(f"{root}: rank directories missing for (tp, pp) {absent} of a TP {tp} x PP {pp} "
@@ -98,7 +99,7 @@ class MegatronLoader(CheckpointLoader):
         for name, value in (("tensor_model_parallel_size", tp), ("pipeline_model_parallel_size", pp)):
             stated = getattr(args, name, None)
             if stated is not None and int(stated) != value:
-                problems.append(Problem("args-vs-files", f"args.{name} is {stated} but {root} holds {value}",
+                problems.append(Finding("args-vs-files", f"args.{name} is {stated} but {root} holds {value}",
                                         "the files win; check how this checkpoint was produced"))
         any_keys = [k for st in states.values() for c in _chunk_names(st, "") for k in st[c]]
         naming = "te" if any(k.endswith("layer_norm_weight") for k in any_keys) else "local"
@@ -120,7 +121,7 @@ class MegatronLoader(CheckpointLoader):
 
             cfg = dataclasses.replace(cfg, vocab_size=int(vocab))
         if cfg.num_layers != layout.num_layers:
-            problems.append(Problem("layers-vs-files", f"the config says {cfg.num_layers} layers but the rank files "
+            problems.append(Finding("layers-vs-files", f"the config says {cfg.num_layers} layers but the rank files "
                                     f"hold {layout.num_layers} ({','.join(map(str, counts))})",
                                     "the checkpoint is incomplete or its stored config belongs to another model; "
                                     "re-convert or re-save it"))
@@ -138,7 +139,7 @@ class MegatronLoader(CheckpointLoader):
             state = states[(t, p)]
             names = _chunk_names(state, file)
             if len(names) != vpp:
-                problems.append(Problem("vpp-mismatch", f"{rel} holds {len(names)} model chunks, rank 0 holds {vpp}",
+                problems.append(Finding("vpp-mismatch", f"{rel} holds {len(names)} model chunks, rank 0 holds {vpp}",
                                         "every rank file of a virtual-pipeline checkpoint holds the same number of "
                                         "chunks (model0, model1, ...); the files come from different saves"))
                 continue
@@ -149,7 +150,7 @@ class MegatronLoader(CheckpointLoader):
                 try:
                     entries = wm.megatron_chunk(layout, t, p, v, naming, int(padded))
                 except LayoutError as exc:
-                    problems.append(Problem("layout", f"{where}: {exc}"))
+                    problems.append(Finding("layout", f"{where}: {exc}"))
                     continue
                 expected = {e.key: e.shape for e in entries if isinstance(e, TensorPlan)}
                 found = {k: i.shape for k, i in infos.items() if i is not None and not k.endswith("._extra_state")}
@@ -162,7 +163,7 @@ class MegatronLoader(CheckpointLoader):
                         plans[pid] = e
         canonical, replicas = invert(plans.items())
         for key, missing in coverage_gaps(canonical, wm.hf_tensors()).items():
-            problems.append(Problem("coverage", f"{key}: {missing} elements are not held by any rank file",
+            problems.append(Finding("coverage", f"{key}: {missing} elements are not held by any rank file",
                                     "a rank file is missing tensors (see above); the checkpoint cannot be rebuilt"))
         dtypes = Counter(i.dtype for i in tensors.values())
         return SourceCheckpoint(
@@ -210,7 +211,7 @@ class MegatronSaver(CheckpointSaver):
         problems += check_tensor_split(cfg.num_attention_heads, cfg.num_query_groups, cfg.ffn_hidden_size, tp)
         problems += check_vocab(cfg.vocab_size, options.make_vocab_size_divisible_by, tp)
         if options.naming not in ("local", "te"):
-            problems.append(Problem("naming", f"unknown key naming {options.naming!r}", "use local or transformer_engine"))
+            problems.append(Finding("naming", f"unknown key naming {options.naming!r}", "use local or transformer_engine"))
         if problems:
             return TargetPlan(files=[], problems=problems)
         layout = Layout.build(cfg.num_layers, tp, pp, vpp, options.num_layer_list)

@@ -12,14 +12,15 @@ import argparse
 from collections.abc import Mapping
 from typing import Any
 
+from ..dtypes import FLOATING, short_name
+from ..errors import AscendPatchError
 from ..models.hf_config import ModelConfig
 from ..parallel import Layout
-from ..dtypes import FLOATING, short_name
 
 __all__ = ["build_args", "config_from_args", "ArgsMismatch"]
 
 
-class ArgsMismatch(ValueError):
+class ArgsMismatch(AscendPatchError, ValueError):
     """A checkpoint's ``args`` lack a field the converter needs."""
 
 

@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from ..models.weightmap import TensorPlan
 from ..dtypes import itemsize
+from ..models.weightmap import TensorPlan
 from .blocks import BlockFiller, FileCache
 from .formats import TargetFile
 

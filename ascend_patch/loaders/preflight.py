@@ -1,6 +1,6 @@
 """Preflight: every inconsistency found before any byte is written, each with numbers and a remedy.
 
-The checks are public functions returning :class:`Problem` lists so the converter can
+The checks are public functions returning :class:`Finding` lists so the converter can
 report all of them at once. Parallel sizes are judged by :mod:`ascend_patch.parallel` (the same
 rules ``ascend-patch check`` and training use), with the converter's flag names:
 ``28 layers cannot be split over 8 pipeline stages; use --target-pipeline-parallel-size
@@ -13,10 +13,11 @@ import math
 import os
 import shutil
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import Any
 
 from ..dtypes import FLOATING, SHORT_NAMES
+from ..errors import AscendPatchError, Finding
 from ..parallel import (
     CONVERT_FLAGS,
     divisors,
@@ -29,8 +30,7 @@ from ..parallel import (
 )
 
 __all__ = [
-    "Problem",
-    "PreflightError",
+        "PreflightError",
     "check_pipeline_split",
     "check_tensor_split",
     "check_vocab",
@@ -42,22 +42,10 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class Problem:
-    """One finding: a stable ``code`` (tests, scripts), what is wrong, and what to do."""
-
-    code: str
-    message: str
-    remedy: str = ""
-
-    def __str__(self) -> str:
-        return f"{self.message}; {self.remedy}" if self.remedy else self.message
-
-
-class PreflightError(ValueError):
+class PreflightError(AscendPatchError, ValueError):
     """The conversion cannot start; :attr:`problems` lists every reason."""
 
-    def __init__(self, problems: Sequence[Problem]) -> None:
+    def __init__(self, problems: Sequence[Finding]) -> None:
         self.problems = list(problems)
         lines = [f"  - {p}" for p in self.problems]
         super().__init__(f"conversion refused ({len(self.problems)} problem"
@@ -67,25 +55,27 @@ class PreflightError(ValueError):
         return [p.code for p in self.problems]
 
 
-def _problems(checks: Sequence[tuple[str, Callable[[], Any]]]) -> list[Problem]:
-    """Run parallel-size checks (ascend_patch.parallel, shared with training), each failure a Problem."""
+def _problems(checks: Sequence[tuple[str, Callable[[], Any]]]) -> list[Finding]:
+    """Run parallel-size checks (ascend_patch.parallel, shared with training), each failure a finding
+    under the converter's code for it (a bad --num-layer-list keeps its own)."""
     problems = []
     for code, check in checks:
         try:
             check()
         except ParallelConfigError as exc:
-            problems.append(Problem(code if exc.code != "layer-list" else "layer-list", str(exc)))
+            found = exc.finding
+            problems.append(Finding(code if found.code != "layer-list" else "layer-list", found.message, found.remedy))
     return problems
 
 
 def check_pipeline_split(num_layers: int, pp: int, vpp: int = 1,
-                         num_layer_list: Sequence[int] | None = None) -> list[Problem]:
+                         num_layer_list: Sequence[int] | None = None) -> list[Finding]:
     """Layers against pipeline stages (and virtual chunks, or an explicit per-stage list)."""
     return _problems([("layers-vs-pp",
                        lambda: check_layers(num_layers, pp, vpp, num_layer_list or None, flags=CONVERT_FLAGS))])
 
 
-def check_tensor_split(heads: int, groups: int, ffn: int, tp: int) -> list[Problem]:
+def check_tensor_split(heads: int, groups: int, ffn: int, tp: int) -> list[Finding]:
     """Attention heads, query groups and the MLP width against the tensor-parallel size.
 
     The legacy checkpoint layout stores each rank's own KV heads, so KV heads are not
@@ -98,21 +88,22 @@ def check_tensor_split(heads: int, groups: int, ffn: int, tp: int) -> list[Probl
     ])
     if problems:  # each message lists sizes for its own rule; say which satisfy all of them
         joint = divisors(math.gcd(math.gcd(heads, groups), ffn))
-        problems[0] = Problem(problems[0].code, problems[0].message,
-                              f"sizes that fit the heads, query groups and FFN together: {format_choices(joint)}")
+        first = problems[0]
+        together = f"sizes that fit the heads, query groups and FFN together: {format_choices(joint)}"
+        problems[0] = replace(first, remedy=f"{first.remedy}; {together}" if first.remedy else together)
     return problems
 
 
-def check_vocab(vocab_size: int, divisor: int, tp: int, padded: int | None = None) -> list[Problem]:
+def check_vocab(vocab_size: int, divisor: int, tp: int, padded: int | None = None) -> list[Finding]:
     """The padding divisor, and a source's padded vocabulary against the true one."""
     problems = []
     if divisor < 1:
-        problems.append(Problem("vocab-divisor", f"--make-vocab-size-divisible-by {divisor} must be >= 1",
+        problems.append(Finding("vocab-divisor", f"--make-vocab-size-divisible-by {divisor} must be >= 1",
                                 "Megatron's default is 128"))
     if vocab_size < 1:
-        problems.append(Problem("vocab-size", f"vocabulary size {vocab_size} must be >= 1"))
+        problems.append(Finding("vocab-size", f"vocabulary size {vocab_size} must be >= 1"))
     if padded is not None and padded < vocab_size:
-        problems.append(Problem("vocab-padded", f"the checkpoint's padded vocabulary {padded} is smaller than its "
+        problems.append(Finding("vocab-padded", f"the checkpoint's padded vocabulary {padded} is smaller than its "
                                 f"vocabulary {vocab_size}", "pass the right --true-vocab-size"))
     return problems
 
@@ -120,20 +111,20 @@ def check_vocab(vocab_size: int, divisor: int, tp: int, padded: int | None = Non
 DTYPE_CHOICES = (*SHORT_NAMES, *FLOATING)
 
 
-def check_dtype(requested: str | None, source: str) -> list[Problem]:
+def check_dtype(requested: str | None, source: str) -> list[Finding]:
     """``--params-dtype`` and the tensors' own dtype are ones the converter writes and reads."""
     problems = []
     if requested is not None and requested not in DTYPE_CHOICES:
-        problems.append(Problem("dtype", f"--params-dtype {requested!r} is not a dtype the converter writes",
+        problems.append(Finding("dtype", f"--params-dtype {requested!r} is not a dtype the converter writes",
                                 "use fp32, bf16 or fp16"))
     if source not in FLOATING:
-        problems.append(Problem("dtype-source", f"the checkpoint's tensors are {source}, not a floating dtype the "
+        problems.append(Finding("dtype-source", f"the checkpoint's tensors are {source}, not a floating dtype the "
                                 "converter handles", "convert them to fp32/bf16/fp16 first"))
     return problems
 
 
 def check_tensors(expected: Mapping[str, tuple[int, ...]], found: Mapping[str, tuple[int, ...]], where: str,
-                  ignorable: Iterable[str] = (), limit: int = 8) -> list[Problem]:
+                  ignorable: Iterable[str] = (), limit: int = 8) -> list[Finding]:
     """Missing, unexpected and mis-shaped tensors of a source checkpoint."""
     ignore = set(ignorable)
     missing = sorted(set(expected) - set(found))
@@ -146,53 +137,53 @@ def check_tensors(expected: Mapping[str, tuple[int, ...]], found: Mapping[str, t
         return head + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
 
     if missing:
-        problems.append(Problem("missing-tensors", f"{where} lacks {len(missing)} tensor(s) the model needs: "
+        problems.append(Finding("missing-tensors", f"{where} lacks {len(missing)} tensor(s) the model needs: "
                                 f"{show(missing)}", "check --model-type-hf / the model config, or complete the "
                                 "checkpoint"))
     if unexpected:
-        problems.append(Problem("unexpected-tensors", f"{where} holds {len(unexpected)} tensor(s) the weight map does "
+        problems.append(Finding("unexpected-tensors", f"{where} holds {len(unexpected)} tensor(s) the weight map does "
                                 f"not know: {show(unexpected)}", "they would be dropped silently; check "
                                 "--model-type-hf, or add them to the family's weights.py"))
     if wrong:
         details = [f"{k} {list(found[k])} (expected {list(expected[k])})" for k in wrong]
-        problems.append(Problem("shape-mismatch", f"{where} has {len(wrong)} tensor(s) of the wrong shape: "
+        problems.append(Finding("shape-mismatch", f"{where} has {len(wrong)} tensor(s) of the wrong shape: "
                                 f"{show(details)}", "the config does not describe these weights"))
     return problems
 
 
-def check_output_dir(save_dir: str, force: bool, load_dir: str | None = None) -> list[Problem]:
+def check_output_dir(save_dir: str, force: bool, load_dir: str | None = None) -> list[Finding]:
     """A non-empty output directory needs --force; never write into the source."""
     problems = []
     save = os.path.realpath(save_dir)
     if load_dir is not None:
         load = os.path.realpath(load_dir)
         if save == load or save.startswith(load + os.sep):
-            problems.append(Problem("output-in-source", f"--save-dir {save_dir} is (inside) --load-dir {load_dir}",
+            problems.append(Finding("output-in-source", f"--save-dir {save_dir} is (inside) --load-dir {load_dir}",
                                     "choose a directory outside the source checkpoint"))
     if os.path.exists(save) and not os.path.isdir(save):
-        problems.append(Problem("output-not-dir", f"--save-dir {save_dir} exists and is not a directory",
+        problems.append(Finding("output-not-dir", f"--save-dir {save_dir} exists and is not a directory",
                                 "choose a directory path"))
     elif os.path.isdir(save) and os.listdir(save) and not force:
         entries = sorted(os.listdir(save))
-        problems.append(Problem("output-not-empty", f"--save-dir {save_dir} is not empty ({len(entries)} entries: "
+        problems.append(Finding("output-not-empty", f"--save-dir {save_dir} is not empty ({len(entries)} entries: "
                                 f"{', '.join(entries[:5])}{'...' if len(entries) > 5 else ''})",
                                 "pass --force to replace what the conversion writes, or choose another directory"))
     return problems
 
 
-def check_disk_space(save_dir: str, needed: int) -> list[Problem]:
+def check_disk_space(save_dir: str, needed: int) -> list[Finding]:
     """Enough free space where the output goes (the staging directory sits next to it)."""
     probe = os.path.realpath(save_dir)
     while not os.path.exists(probe):
         probe = os.path.dirname(probe)
     free = shutil.disk_usage(probe).free
     if free < needed:
-        return [Problem("disk-space", f"the output needs {needed / 1e9:.2f} GB but {probe} has {free / 1e9:.2f} GB free",
+        return [Finding("disk-space", f"the output needs {needed / 1e9:.2f} GB but {probe} has {free / 1e9:.2f} GB free",
                         "free space or choose another --save-dir")]
     return []
 
 
-def raise_if_any(problems: Iterable[Problem]) -> None:
+def raise_if_any(problems: Iterable[Finding]) -> None:
     found = list(problems)
     if found:
         raise PreflightError(found)

@@ -9,26 +9,26 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..errors import Finding
 from ..models.hf_config import ConfigMismatch, ModelConfig
 from ..models.registry import ModelSpec, get_spec_registry
 from ..models.weightmap import WeightMap
 from .formats import ConvertOptions
-from .preflight import Problem
 
 __all__ = ["resolve_family", "weight_map_for"]
 
 
 def resolve_family(options: ConvertOptions, config: Mapping[str, Any] | None = None,
-                   hint: str | None = None) -> tuple[ModelSpec, list[Problem]]:
+                   hint: str | None = None) -> tuple[ModelSpec, list[Finding]]:
     """The spec for this checkpoint, and a problem if ``--model-type-hf`` contradicts the config."""
     registry = get_spec_registry()
-    problems: list[Problem] = []
+    problems: list[Finding] = []
     hint = hint or options.extra.get("family_hint")
     from_config = registry.for_hf_config(config) if config else None
     if options.model_type_hf:
         spec = registry.get(options.model_type_hf)
         if from_config is not None and from_config.name != spec.name:
-            problems.append(Problem("model-type-mismatch", f"--model-type-hf {options.model_type_hf} names the "
+            problems.append(Finding("model-type-mismatch", f"--model-type-hf {options.model_type_hf} names the "
                                     f"{spec.name} family but config.json describes a {from_config.name} model "
                                     f"(model_type {config.get('model_type')!r})",
                                     f"pass --model-type-hf {from_config.name} or omit it"))

@@ -21,6 +21,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ..dtypes import canonical, itemsize
+from ..errors import AscendPatchError
 from .blocks import CorruptCheckpoint
 from .formats import TensorInfo
 
@@ -38,7 +39,7 @@ STAND_IN_PREFIXES = ("megatron.",)
 _ANY_GLOBAL = re.compile(r"GLOBAL ([\w.]+)|unrecognized function ([^\s]+)")
 
 
-class UnsafeCheckpoint(ValueError):
+class UnsafeCheckpoint(AscendPatchError, ValueError):
     """A pickle that needs a global outside the allowlist (nothing from it was executed)."""
 
 

@@ -21,13 +21,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..dtypes import itemsize
+from ..errors import Finding
 from ..models.weightmap import TensorPlan, compose
 from ..parallel import LayoutError
-from ..dtypes import itemsize
 from .blocks import BlockFiller, FileCache, raw_to_torch, row_blocks
-from .formats import ConvertOptions, SourceCheckpoint, get_format_registry
+from .formats import ConvertOptions, SourceCheckpoint, UnknownFormat, get_format_registry
 from .megatron_layout import chunk_index, parse_rank_dir, rank_coordinates
-from .preflight import Problem
 
 __all__ = ["verify", "VerifyReport", "detect_loader", "compare_keys"]
 
@@ -44,7 +44,7 @@ class VerifyReport:
     bytes_checked: int = 0
     key_sets_checked: int = 0
     seconds: float = 0.0
-    problems: list[Problem] = field(default_factory=list)
+    problems: list[Finding] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -66,7 +66,7 @@ def detect_loader(path: str) -> str:
     for loader in registry.all("loader"):
         if loader.detect(path):
             return loader.name
-    raise ValueError(f"{path}: no loader recognises this checkpoint (loaders: {registry.listing('loader')}); "
+    raise UnknownFormat(f"{path}: no loader recognises this checkpoint (loaders: {registry.listing('loader')}); "
                      "pass --loader")
 
 
@@ -94,12 +94,12 @@ def verify(output: str, source: SourceCheckpoint | str | None = None, *, loader:
     return report
 
 
-def _compare_configs(src: SourceCheckpoint, out: SourceCheckpoint) -> list[Problem]:
+def _compare_configs(src: SourceCheckpoint, out: SourceCheckpoint) -> list[Finding]:
     a, b = src.config.to_dict(), out.config.to_dict()
     fields = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
               "kv_channels", "vocab_size", "tie_word_embeddings", "qk_layernorm", "add_qkv_bias", "norm_epsilon",
               "rotary_base")
-    return [Problem("config-mismatch", f"{f}: source {a[f]!r}, output {b[f]!r}") for f in fields if a[f] != b[f]]
+    return [Finding("config-mismatch", f"{f}: source {a[f]!r}, output {b[f]!r}") for f in fields if a[f] != b[f]]
 
 
 def _check_tensors(out: SourceCheckpoint, src: SourceCheckpoint | None, report: VerifyReport) -> None:
@@ -116,7 +116,7 @@ def _check_tensors(out: SourceCheckpoint, src: SourceCheckpoint | None, report: 
             try:
                 composed = compose(plan, reference.canonical)
             except LayoutError as exc:
-                report.problems.append(Problem("verify-compose", f"{pid}: {exc}"))
+                report.problems.append(Finding("verify-compose", f"{pid}: {exc}"))
                 continue
             info = out.tensors[pid]
             shape = plan.shape or (1,)
@@ -154,7 +154,7 @@ def _check_tensors(out: SourceCheckpoint, src: SourceCheckpoint | None, report: 
         files_out.close()
         files_ref.close()
     if bad:
-        report.problems.append(Problem("tensor-mismatch", f"{len(bad)} tensor(s) differ from the "
+        report.problems.append(Finding("tensor-mismatch", f"{len(bad)} tensor(s) differ from the "
                                        f"{'source' if src is not None else 'tensors they replicate'}: "
                                        f"{', '.join(bad[:8])}{' ...' if len(bad) > 8 else ''}"))
     if nonzero_padding:
@@ -166,7 +166,7 @@ def _max_diff(a: Any, b: Any, dtype: str) -> float:
     return float((raw_to_torch(a, dtype).double() - raw_to_torch(b, dtype).double()).abs().max())
 
 
-def compare_keys(expected: dict[str, Any], found: dict[str, Any], where: str) -> list[Problem]:
+def compare_keys(expected: dict[str, Any], found: dict[str, Any], where: str) -> list[Finding]:
     """Missing / unexpected keys and shape differences between two key -> shape maps."""
     problems = []
     missing = sorted(set(expected) - set(found))
@@ -174,13 +174,13 @@ def compare_keys(expected: dict[str, Any], found: dict[str, Any], where: str) ->
     wrong = sorted(k for k in set(expected) & set(found)
                    if expected[k] is not None and found[k] is not None and tuple(expected[k]) != tuple(found[k]))
     if missing:
-        problems.append(Problem("keys-missing", f"{where} lacks {len(missing)} key(s) the model has, which would "
+        problems.append(Finding("keys-missing", f"{where} lacks {len(missing)} key(s) the model has, which would "
                                 f"keep their random initialisation: {', '.join(missing[:8])}"))
     if unexpected:
-        problems.append(Problem("keys-unexpected", f"{where} holds {len(unexpected)} key(s) the model does not "
+        problems.append(Finding("keys-unexpected", f"{where} holds {len(unexpected)} key(s) the model does not "
                                 f"have: {', '.join(unexpected[:8])}"))
     if wrong:
-        problems.append(Problem("keys-shape", f"{where}: {len(wrong)} shape(s) differ from the model's: " + ", ".join(
+        problems.append(Finding("keys-shape", f"{where}: {len(wrong)} shape(s) differ from the model's: " + ", ".join(
             f"{k} {list(found[k])} vs {list(expected[k])}" for k in wrong[:8])))
     return problems
 

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..dtypes import DTYPES, SHORT_NAMES
+from ..errors import Finding
 from .hf_config import ModelConfig, read_config_json
 
 __all__ = ["disagreements", "format_args", "model_config_from_path", "register"]
@@ -67,7 +68,7 @@ def _same(expected: Any, given: Any) -> bool:
 
 
 def disagreements(mc: ModelConfig, argv: Sequence[str], make_vocab_size_divisible_by: int = 128,
-                  spec: str | None = None) -> list[str]:
+                  spec: str | None = None) -> list[Finding]:
     """Each flag in ``argv`` that contradicts ``mc`` (and each switch the model needs that is missing).
 
     ``spec`` is the name of the spec serving the config: a ``--spec NAME`` naming another
@@ -80,22 +81,22 @@ def disagreements(mc: ModelConfig, argv: Sequence[str], make_vocab_size_divisibl
         if name in expected and not _same(expected[name], value):
             shown = "" if value is True else f" {' '.join(value) if isinstance(value, list) else value}"
             want = "(a bare switch)" if expected[name] is True else str(expected[name])
-            problems.append(f"--{name}{shown}: config.json says {want}")
+            problems.append(Finding("flag-value", f"--{name}{shown}: config.json says {want}"))
     switches = ("swiglu", "disable-bias-linear", "add-qkv-bias", "qk-layernorm",
                 "untie-embeddings-and-output-weights", "group-query-attention", "use-rope-scaling")
     for name in switches:
         if expected.get(name) is True and name not in given:
-            problems.append(f"--{name} is missing: the model needs it")
+            problems.append(Finding("flag-missing", f"--{name} is missing: the model needs it"))
     for name in switches:
         if given.get(name) is True and name not in expected:
-            problems.append(f"--{name} is given but the model does not use it")
+            problems.append(Finding("flag-unused", f"--{name} is given but the model does not use it"))
     problems += _precision_problems(mc, given)
     if spec is not None and "spec" in given:
         problems += _spec_problems(given["spec"], spec)
     return problems
 
 
-def _spec_problems(value: Any, serving: str) -> list[str]:
+def _spec_problems(value: Any, serving: str) -> list[Finding]:
     from .registry import UnknownSpec, get_spec_registry
 
     words = value if isinstance(value, list) else str(value).split()
@@ -104,9 +105,9 @@ def _spec_problems(value: Any, serving: str) -> list[str]:
     try:
         named = get_spec_registry().get(words[0]).name
     except UnknownSpec as exc:
-        return [f"--spec {words[0]}: {exc}"]
+        return [Finding("spec", f"--spec {words[0]}: {exc}")]
     if named != serving:
-        return [f"--spec {words[0]}: config.json describes a {serving} model; use --spec {serving}"]
+        return [Finding("spec", f"--spec {words[0]}: config.json describes a {serving} model", f"use --spec {serving}")]
     return []
 
 
@@ -114,16 +115,16 @@ def _spec_problems(value: Any, serving: str) -> list[str]:
 _PRECISION = {short: name for short, name in SHORT_NAMES.items() if DTYPES[name].itemsize == 2}
 
 
-def _precision_problems(mc: ModelConfig, given: dict[str, Any]) -> list[str]:
+def _precision_problems(mc: ModelConfig, given: dict[str, Any]) -> list[Finding]:
     """A half-precision flag for a model saved in the other half precision (bf16 weights overflow fp16)."""
     if given.get("bf16") is True and given.get("fp16") is True:
         keep = f"use --{mc.params_dtype}" if mc.params_dtype in _PRECISION else "drop one"
-        return [f"--fp16 and --bf16 are both given: Megatron takes one; {keep}"]
+        return [Finding("precision", "--fp16 and --bf16 are both given: Megatron takes one", keep)]
     problems = []
     for flag in _PRECISION:
         if given.get(flag) is True and mc.params_dtype in _PRECISION and mc.params_dtype != flag:
-            problems.append(f"--{flag}: config.json says the model is {_PRECISION[mc.params_dtype]} "
-                            f"(torch_dtype/dtype); use --{mc.params_dtype}")
+            problems.append(Finding("precision", f"--{flag}: config.json says the model is "
+                                    f"{_PRECISION[mc.params_dtype]} (torch_dtype/dtype)", f"use --{mc.params_dtype}"))
     return problems
 
 

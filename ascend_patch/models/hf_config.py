@@ -20,12 +20,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..dtypes import short_name
+from ..errors import AscendPatchError
 
 __all__ = ["ModelConfig", "ConfigMismatch", "hf_config_dict", "load_hf_config", "read_config_json",
            "rope_scaling_kwargs", "sliding_window"]
 
 
-class ConfigMismatch(ValueError):
+class ConfigMismatch(AscendPatchError, ValueError):
     """An HF config lacks a field the family needs, or has one it cannot honour."""
 
 

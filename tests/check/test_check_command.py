@@ -215,9 +215,9 @@ def test_broken_tracker_and_missing_directory(tmp_path):
     (tmp_path / "c").mkdir()
     (tmp_path / "c" / "latest_checkpointed_iteration.txt").write_text("50")
     report = preflight(world_size=1, load=str(tmp_path / "c"))
-    assert any("points at iter_0000050/, which does not exist" in e for e in report.errors)
+    assert any("points at iter_0000050/, which does not exist" in str(e) for e in report.errors)
     report = preflight(world_size=1, load=str(tmp_path / "nowhere"))
-    assert any("no such directory" in e for e in report.errors)
+    assert any("no such directory" in str(e) for e in report.errors)
 
 
 def test_json_output(capsys):

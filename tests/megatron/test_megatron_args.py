@@ -154,13 +154,13 @@ def test_multi_valued_flags_and_megatron_spec_form_parse(qwen3_dir, capsys):
 def _precision(mc, argv):
     from ascend_patch.models.args_cli import disagreements
 
-    return [p for p in disagreements(mc, argv) if p.startswith(("--fp16", "--bf16"))]
+    return [str(p) for p in disagreements(mc, argv) if str(p).startswith(("--fp16", "--bf16"))]
 
 
 def _spec(mc, argv, spec):
     from ascend_patch.models.args_cli import disagreements
 
-    return [p for p in disagreements(mc, argv, spec=spec) if p.startswith("--spec")]
+    return [str(p) for p in disagreements(mc, argv, spec=spec) if str(p).startswith("--spec")]
 
 
 def test_half_precision_flag_must_match_the_config_dtype(qwen3_dir):
