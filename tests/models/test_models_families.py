@@ -167,3 +167,36 @@ def test_dropout_rates_come_from_the_familys_config_map():
         "intermediate_size": 96, "vocab_size": 100, "attention_dropout": 0.05})
     kwargs = transformer_config_kwargs(llama)
     assert (kwargs["hidden_dropout"], kwargs["attention_dropout"]) == (0.0, 0.05)
+
+
+def test_no_code_outside_the_family_folders_names_a_family():
+    """The converter, check, collectives, parallel rules and the shared model code hold no family's name,
+    alias, format name or HF model type as a value (docstrings may give examples)."""
+    import ast
+
+    import ascend_patch
+
+    names = set()
+    for spec in get_spec_registry().specs():
+        if spec.owner == "models":
+            names.update(n.lower() for n in (*spec.names, *spec.loader_aliases, *spec.hf_model_types))
+    assert {"qwen3", "qwen2.5", "llama3_hf", "mistral", "gpt2"} <= names
+    # the same word meaning something else: transformers' rope_type of Llama 3.x scaling
+    elsewhere = {("models/hf_config.py", "llama3")}
+    root = os.path.dirname(ascend_patch.__file__)
+    files = [os.path.join(root, "models", f) for f in os.listdir(os.path.join(root, "models")) if f.endswith(".py")]
+    for folder in ("loaders", "check", "comm", "parallel"):
+        files += [os.path.join(root, folder, f) for f in os.listdir(os.path.join(root, folder)) if f.endswith(".py")]
+    found = []
+    for path in files:
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                      if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)) and node.body
+                      and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+        for node in ast.walk(tree):
+            where = os.path.relpath(path, root)
+            if (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+                    and node.value in names and (where, node.value) not in elsewhere):
+                found.append(f"{where}:{node.lineno}: {node.value!r}")
+    assert len(files) > 30 and found == []
