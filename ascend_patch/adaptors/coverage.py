@@ -39,7 +39,7 @@ def _npu_column(target: str, backends: frozenset[str]) -> str:
 def _rows_not_in_the_cpu_table() -> list[tuple[str, str, str]]:
     """Entry points the cpu patch table cannot show: npu-only patches, environment variables, and
     ``torch.cuda.amp``, which works through the autocast / GradScaler / custom_fwd patches."""
-    from ..backend import ENV_COUNTERPARTS
+    from ..environ import ENV_COUNTERPARTS
     from .backend_flags import FLAG_COUNTERPARTS
 
     rows = []

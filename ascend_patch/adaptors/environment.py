@@ -1,14 +1,14 @@
 """CUDA environment variables onto their NPU counterparts (npu only).
 
 Backend selection already carries them over before torch_npu is imported (see
-:func:`ascend_patch.backend.carry_over_environment`); these patches do it for a backend
+:func:`ascend_patch.environ.carry_over_cuda_variables`); these patches do it for a backend
 handed to ``apply()`` directly, and make the report show each variable. A counterpart
 the user already set wins; ``remove()`` restores the previous environment.
 """
 
 from __future__ import annotations
 
-from ..backend import ENV_COUNTERPARTS
+from ..environ import ENV_COUNTERPARTS
 from ..patch import Action, Patch, PatchKind
 
 __all__ = ["ENV_COUNTERPARTS", "environment_patches"]

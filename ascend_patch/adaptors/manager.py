@@ -30,6 +30,7 @@ import wrapt
 
 from ..backend import Backend, Selection, select_backend
 from ..config import Settings, read_settings
+from ..environ import EnvTransaction, process_environment
 from ..patch import Patch, PatchKind
 from .. import usage
 from .shims import ShimFinder
@@ -154,7 +155,8 @@ class PatchManager:
         self._undo: list[_Undo] = []
         self._deferred: dict[str, list[PatchStatus]] = {}
         self._hooked: set[str] = set()
-        self._env: list[tuple[str, str | None]] = []
+        # every variable import, selection and EnvVar patches set; remove() restores it
+        self.env: EnvTransaction = process_environment()
         self._shims = ShimFinder()
         self.recorder: usage.UsageRecorder | None = None
         self.plugin_failures: list[str] = []
@@ -178,12 +180,12 @@ class PatchManager:
             clear_version_cache()  # packages may have been installed or upgraded since
             self.recorder = None
             if backend is None:
-                self.selection = select_backend(settings)
+                self.selection = select_backend(settings, self.env)
             else:
-                self.selection = Selection(backend, backend.reason or f"given backend {backend.name}")
+                self.selection = Selection(backend, backend.reason or f"given backend {backend.name}", self.env)
             self.backend = self.selection.backend
-            # NPU runtime variables selection set before torch_npu was imported: remove() restores them
-            self._env = list(self.selection.environ)
+            if self.backend is None or self.backend.name != "npu":
+                self.env.restore()  # the NPU runtime variables `import ascend_patch` carried over early
             self.statuses, self.plugin_failures = [], []  # nothing of an earlier apply's table
             if self.backend is None:
                 if settings.enabled and settings.device == "auto":
@@ -196,7 +198,7 @@ class PatchManager:
             except Exception:
                 usage.set_recorder(None)
                 self.recorder, self.backend = None, None
-                self._restore_env()
+                self.env.restore()
                 raise
             self.active = True
             self.generation += 1
@@ -369,7 +371,7 @@ class PatchManager:
 
     def _apply_env(self, status: PatchStatus) -> None:
         name = status.patch.target
-        if self.selection is not None and name in dict(self.selection.environ):
+        if name in self.env:  # carried over by `import ascend_patch` or backend selection
             status.state = "applied"
             status.detail = f"{name}={os.environ.get(name)} (set before torch_npu was imported)"
             return
@@ -378,8 +380,7 @@ class PatchManager:
         if value is None or value == before:
             status.state, status.detail = "skipped", "nothing to set"
             return
-        self._env.append((name, before))
-        os.environ[name] = value
+        self.env.set(name, value)
         status.state, status.detail = "applied", f"{name}={value}"
 
     def _add_shim(self, status: PatchStatus) -> None:
@@ -430,7 +431,7 @@ class PatchManager:
                             d[key] = undo.original
             self._undo.clear()
             _LIVE.clear()
-            self._restore_env()
+            self.env.restore()
             self._shims.uninstall()
             self._shims = ShimFinder()
             _drop_wrapt_hooks(self._deferred)
@@ -442,14 +443,6 @@ class PatchManager:
             usage.set_recorder(None)
             self.active = False
             self.backend = None
-
-    def _restore_env(self) -> None:
-        for name, before in reversed(self._env):
-            if before is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = before
-        self._env.clear()
 
     # -- queries ------------------------------------------------------------------------
 

@@ -361,3 +361,44 @@ def test_version_ranges_follow_packaging(installed, versions):
     from ascend_patch.adaptors.versions import _in_range
 
     assert _in_range(installed, versions) is SpecifierSet(versions).contains(installed)
+
+
+def _npu_stand_in():
+    """A backend named npu over the host (nothing here reaches a device: only env patches are registered)."""
+    from ascend_patch.backend import Backend
+
+    return Backend(name="npu", device_type="cpu", dist_backend="gloo", device_module=None, reason="stand-in")
+
+
+def test_import_selection_and_env_patches_share_one_environment_transaction(isolated, monkeypatch):
+    from ascend_patch.adaptors.environment import environment_patches
+    from ascend_patch.environ import carry_over_cuda_variables, process_environment
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    for name in ("ASCEND_RT_VISIBLE_DEVICES", "ASCEND_LAUNCH_BLOCKING", "PYTORCH_NPU_ALLOC_CONF",
+                 "CUDA_LAUNCH_BLOCKING", "PYTORCH_CUDA_ALLOC_CONF"):
+        monkeypatch.delenv(name, raising=False)
+    carry_over_cuda_variables(process_environment())  # what `import ascend_patch` does before torch
+    monkeypatch.setenv("CUDA_LAUNCH_BLOCKING", "1")  # set later: the env patch carries it over
+    isolated("env", *environment_patches())
+    report = ascend_patch.apply(Settings(device="cpu"), backend=_npu_stand_in())
+    details = {s.patch.target: (s.state, s.detail) for s in report.statuses}
+    assert details["ASCEND_RT_VISIBLE_DEVICES"] == (
+        "applied", "ASCEND_RT_VISIBLE_DEVICES=2,3 (set before torch_npu was imported)")
+    assert details["ASCEND_LAUNCH_BLOCKING"] == ("applied", "ASCEND_LAUNCH_BLOCKING=1")
+    assert details["PYTORCH_NPU_ALLOC_CONF"] == ("skipped", "nothing to set")
+    assert os.environ["ASCEND_LAUNCH_BLOCKING"] == "1"
+    ascend_patch.remove()
+    assert "ASCEND_RT_VISIBLE_DEVICES" not in os.environ and "ASCEND_LAUNCH_BLOCKING" not in os.environ
+    assert process_environment().changes == ()
+
+
+def test_a_target_other_than_npu_puts_the_early_carry_over_back(isolated, monkeypatch):
+    from ascend_patch.environ import carry_over_cuda_variables, process_environment
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    monkeypatch.delenv("ASCEND_RT_VISIBLE_DEVICES", raising=False)
+    carry_over_cuda_variables(process_environment())
+    assert os.environ["ASCEND_RT_VISIBLE_DEVICES"] == "1"
+    apply_cpu()  # an explicit apply (python -m ascend_patch) on cpu, not only the import-time one
+    assert "ASCEND_RT_VISIBLE_DEVICES" not in os.environ and process_environment().changes == ()
