@@ -13,12 +13,12 @@ from helpers import child_env
 
 PLUGIN = '''
 from ascend_patch.hookspec import hookimpl
-from ascend_patch.patch import Patch, PatchKind
+from ascend_patch.patch import Replace
 import json
 
 @hookimpl
 def ascend_patch_register_patches(registry, backend):
-    registry.add(Patch("json:dumps", PatchKind.REPLACE, "third-party test patch",
+    registry.add(Replace("json:dumps", "third-party test patch",
                        replacement=lambda *a, **k: "patched-by-{name} on " + backend.name))
 '''
 
@@ -81,12 +81,12 @@ def test_plugins_can_be_disabled_by_name(plugin_path):
 
 SKIPPY = '''
 from ascend_patch.hookspec import hookimpl
-from ascend_patch.patch import Patch, PatchKind
+from ascend_patch.patch import Replace
 
 @hookimpl
 def ascend_patch_register_patches(registry, backend):
-    registry.add(Patch("json:no_such_function", PatchKind.REPLACE, "a target that is not there", replacement=len))
-    registry.add(Patch("json:loads", PatchKind.REPLACE, "for an old pluggy only", replacement=len,
+    registry.add(Replace("json:no_such_function", "a target that is not there", replacement=len))
+    registry.add(Replace("json:loads", "for an old pluggy only", replacement=len,
                        package="pluggy", versions="<0.1"))
 '''
 

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from ..backend import Backend
-from ..patch import Patch, PatchKind
+from ..patch import Patch, Replace
 from ..usage import note
 from ..devices import DeviceMap
 
@@ -116,20 +116,20 @@ def amp_patches(target: Backend, dmap: DeviceMap) -> list[Patch]:
 
     why = "CUDA autocast onto the target, keeping CUDA's float16 default"
     return [
-        Patch("torch.amp.autocast_mode:autocast.__init__", PatchKind.REPLACE, why, make=autocast_init,
-              api="torch.autocast('cuda')", count_calls=False),
-        Patch("torch:is_autocast_enabled", PatchKind.REPLACE, why, make=is_autocast_enabled, count_calls=False),
-        Patch("torch:set_autocast_enabled", PatchKind.REPLACE, why, make=set_autocast_enabled, count_calls=False),
-        Patch("torch:get_autocast_dtype", PatchKind.REPLACE, why, make=get_autocast_dtype, count_calls=False),
-        Patch("torch:set_autocast_dtype", PatchKind.REPLACE, why, make=set_autocast_dtype, count_calls=False),
-        Patch("torch:get_autocast_gpu_dtype", PatchKind.REPLACE, why, replacement=get_gpu_dtype),
-        Patch("torch:set_autocast_gpu_dtype", PatchKind.REPLACE, why, replacement=set_gpu_dtype),
-        Patch("torch.amp.autocast_mode:is_autocast_available", PatchKind.REPLACE, why, make=is_available, count_calls=False),
-        Patch("torch.amp.autocast_mode:custom_fwd", PatchKind.REPLACE, why, make=custom,
-              api="torch.amp.custom_fwd(device_type='cuda')", count_calls=False),
-        Patch("torch.amp.autocast_mode:custom_bwd", PatchKind.REPLACE, why, make=custom,
-              api="torch.amp.custom_bwd(device_type='cuda')", count_calls=False),
-        Patch("torch.amp.grad_scaler:GradScaler.__init__", PatchKind.REPLACE,
-              "gradient scaling on the target", make=scaler_init, api="torch.amp.GradScaler('cuda')",
-              count_calls=False),
+        Replace("torch.amp.autocast_mode:autocast.__init__", why, make=autocast_init,
+                api="torch.autocast('cuda')", count_calls=False),
+        Replace("torch:is_autocast_enabled", why, make=is_autocast_enabled, count_calls=False),
+        Replace("torch:set_autocast_enabled", why, make=set_autocast_enabled, count_calls=False),
+        Replace("torch:get_autocast_dtype", why, make=get_autocast_dtype, count_calls=False),
+        Replace("torch:set_autocast_dtype", why, make=set_autocast_dtype, count_calls=False),
+        Replace("torch:get_autocast_gpu_dtype", why, replacement=get_gpu_dtype),
+        Replace("torch:set_autocast_gpu_dtype", why, replacement=set_gpu_dtype),
+        Replace("torch.amp.autocast_mode:is_autocast_available", why, make=is_available, count_calls=False),
+        Replace("torch.amp.autocast_mode:custom_fwd", why, make=custom,
+                api="torch.amp.custom_fwd(device_type='cuda')", count_calls=False),
+        Replace("torch.amp.autocast_mode:custom_bwd", why, make=custom,
+                api="torch.amp.custom_bwd(device_type='cuda')", count_calls=False),
+        Replace("torch.amp.grad_scaler:GradScaler.__init__",
+                "gradient scaling on the target", make=scaler_init, api="torch.amp.GradScaler('cuda')",
+                count_calls=False),
     ]

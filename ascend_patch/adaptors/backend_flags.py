@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..backend import Backend
-from ..patch import Patch, PatchKind
+from ..patch import Patch, Replace
 
 __all__ = ["FLAG_COUNTERPARTS", "backend_flag_patches"]
 
@@ -77,17 +77,17 @@ def backend_flag_patches(target: Backend) -> list[Patch]:
     if matmul is not None:
         why = "torch.backends.cuda.matmul.allow_tf32 reads and sets torch.npu.matmul.allow_hf32"
         patches += [
-            Patch("torch.backends.cuda:cuBLASModule.__getattr__", PatchKind.REPLACE, why,
-                  make=_cublas_getattr(matmul), backends=_NPU_ONLY, count_calls=False,
-                  api="torch.backends.cuda.matmul.allow_tf32 (read)"),
-            Patch("torch.backends.cuda:cuBLASModule.__setattr__", PatchKind.REPLACE, why,
-                  make=_cublas_setattr(matmul), backends=_NPU_ONLY, count_calls=False,
-                  api="torch.backends.cuda.matmul.allow_tf32"),
+            Replace("torch.backends.cuda:cuBLASModule.__getattr__", why,
+                    make=_cublas_getattr(matmul), backends=_NPU_ONLY, count_calls=False,
+                    api="torch.backends.cuda.matmul.allow_tf32 (read)"),
+            Replace("torch.backends.cuda:cuBLASModule.__setattr__", why,
+                    make=_cublas_setattr(matmul), backends=_NPU_ONLY, count_calls=False,
+                    api="torch.backends.cuda.matmul.allow_tf32"),
         ]
     conv = _switch_group(target.device_module, "conv")
     if conv is not None:
-        patches.append(Patch("torch.backends.cudnn:CudnnModule.allow_tf32", PatchKind.REPLACE,
-                             "torch.backends.cudnn.allow_tf32 reads and sets torch.npu.conv.allow_hf32",
-                             replacement=_conv_flag(conv), backends=_NPU_ONLY, count_calls=False,
-                             api="torch.backends.cudnn.allow_tf32"))
+        patches.append(Replace("torch.backends.cudnn:CudnnModule.allow_tf32",
+                               "torch.backends.cudnn.allow_tf32 reads and sets torch.npu.conv.allow_hf32",
+                               replacement=_conv_flag(conv), backends=_NPU_ONLY, count_calls=False,
+                               api="torch.backends.cudnn.allow_tf32"))
     return patches

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ..patch import Action, Patch, PatchKind
+from ..patch import Action, Patch, Replace
 from .. import usage
 from ..devices import NOT_A_DEVICE, DeviceMap
 
@@ -169,8 +169,8 @@ def factory_patches(dmap: DeviceMap) -> list[Patch]:
         api = f"{module}.{attr}"
         op = attr.rsplit(".", 1)[-1]  # Tensor.new_empty -> new_empty
         pinning = on_host and module == "torch" and (op in _PYTHON_PIN or _has_device_arg(f"aten::{op}", "pin_memory"))
-        patches.append(Patch(
-            target=f"{module}:{attr}", kind=PatchKind.REPLACE, make=make(api, pinning),
+        patches.append(Replace(
+            target=f"{module}:{attr}", make=make(api, pinning),
             reason="translate device='cuda'/'cuda:N'/torch.device('cuda') onto the target",
             api=api, count_calls=False))
     return patches

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from ..patch import Patch, PatchKind
+from ..patch import Patch, Replace
 from .. import usage
 from ..devices import NOT_A_DEVICE, DeviceMap
 
@@ -44,6 +44,6 @@ def _generator_class(original: type, dmap: DeviceMap) -> type:
 
 
 def generator_patches(dmap: DeviceMap) -> list[Patch]:
-    return [Patch("torch:Generator", PatchKind.REPLACE, "generators on the target device",
-                  make=lambda orig: _generator_class(orig, dmap), api="torch.Generator",
-                  count_calls=False)]
+    return [Replace("torch:Generator", "generators on the target device",
+                    make=lambda orig: _generator_class(orig, dmap), api="torch.Generator",
+                    count_calls=False)]

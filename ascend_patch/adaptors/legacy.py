@@ -19,7 +19,7 @@ import torch
 
 from ..backend import Backend
 from ..devices import DeviceMap
-from ..patch import Patch, PatchKind
+from ..patch import Patch, Replace
 from .. import usage
 
 __all__ = ["legacy_patches", "legacy_type_names"]
@@ -79,13 +79,13 @@ def _device_context_init(original: Any, dmap: DeviceMap) -> Any:
 
 def legacy_patches(target: Backend, dmap: DeviceMap) -> list[Patch]:
     """The legacy ``torch.cuda.*Tensor`` types and torch's DeviceContext, for ``target``."""
-    patches = [Patch("torch.utils._device:DeviceContext.__init__", PatchKind.REPLACE,
-                     "with torch.device('cuda') / set_default_device place factories on the target",
-                     make=lambda orig: _device_context_init(orig, dmap),
-                     api='with torch.device("cuda")', count_calls=False)]
+    patches = [Replace("torch.utils._device:DeviceContext.__init__",
+                       "with torch.device('cuda') / set_default_device place factories on the target",
+                       make=lambda orig: _device_context_init(orig, dmap),
+                       api='with torch.device("cuda")', count_calls=False)]
     for name in legacy_type_names():
         dtype = getattr(torch.cuda, name).dtype
-        patches.append(Patch(f"torch.cuda:{name}", PatchKind.REPLACE,
-                             "the legacy constructor builds on the target; isinstance holds for target tensors",
-                             replacement=_legacy_type(name, dtype, target, dmap), count_calls=False))
+        patches.append(Replace(f"torch.cuda:{name}",
+                               "the legacy constructor builds on the target; isinstance holds for target tensors",
+                               replacement=_legacy_type(name, dtype, target, dmap), count_calls=False))
     return patches

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..patch import Patch, PatchKind
+from ..patch import Patch, Replace
 from ..devices import NOT_A_DEVICE, DeviceMap
 
 __all__ = ["load_patches", "translate_map_location"]
@@ -56,6 +56,6 @@ def _load_wrapper(original: Any, dmap: DeviceMap) -> Any:
 
 
 def load_patches(dmap: DeviceMap) -> list[Patch]:
-    return [Patch("torch.serialization:load", PatchKind.REPLACE,
-                  "storages saved on cuda:N are restored onto the target",
-                  make=lambda orig: _load_wrapper(orig, dmap), api="torch.load")]
+    return [Replace("torch.serialization:load",
+                    "storages saved on cuda:N are restored onto the target",
+                    make=lambda orig: _load_wrapper(orig, dmap), api="torch.load")]

@@ -12,7 +12,7 @@ import os
 from typing import Any
 
 from ..config import Settings
-from ..patch import Patch, PatchKind
+from ..patch import Patch, Replace
 
 __all__ = ["PatchedEntry", "process_patches"]
 
@@ -42,6 +42,6 @@ def process_patches(settings: Settings) -> list[Patch]:
         start.__wrapped__ = original  # type: ignore[attr-defined]
         return start
 
-    return [Patch("torch.multiprocessing.spawn:start_processes", PatchKind.REPLACE,
-                  "spawned workers apply ascend_patch before running", make=start_processes,
-                  count_calls=False)]
+    return [Replace("torch.multiprocessing.spawn:start_processes",
+                    "spawned workers apply ascend_patch before running", make=start_processes,
+                    count_calls=False)]

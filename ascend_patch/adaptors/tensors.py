@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from ..backend import Backend
-from ..patch import Action, Patch, PatchKind
+from ..patch import Action, Patch, Replace
 from .. import usage
 from ..devices import NOT_A_DEVICE, DeviceMap
 
@@ -205,36 +205,36 @@ def tensor_patches(target: Backend, dmap: DeviceMap) -> list[Patch]:
     on_cpu = target.name == "cpu"
     r = "transfers onto the target, and copies as CUDA transfers do"
     patches = [
-        Patch("torch:Tensor.to", PatchKind.REPLACE, r,
-              make=lambda orig: _to_wrapper(orig, dmap, on_cpu, "torch.Tensor.to(cuda)"), count_calls=False),
-        Patch("torch:Tensor.cuda", PatchKind.REPLACE, r,
-              replacement=_cuda_wrapper(target, dmap, "torch.Tensor.cuda", module=False), count_calls=False),
-        Patch("torch.nn:Module.to", PatchKind.REPLACE, "module moves onto the target",
-              make=lambda orig: _module_to(orig, dmap, "torch.nn.Module.to(cuda)"), count_calls=False),
-        Patch("torch.nn:Module.to_empty", PatchKind.REPLACE, "module materialisation onto the target",
-              make=lambda orig: _module_to(orig, dmap, "torch.nn.Module.to_empty(device=cuda)"), count_calls=False),
-        Patch("torch.nn:Module.cuda", PatchKind.REPLACE, "module moves onto the target",
-              replacement=_cuda_wrapper(target, dmap, "torch.nn.Module.cuda", module=True), count_calls=False),
-        Patch("torch:Tensor.type", PatchKind.REPLACE, "CUDA tensor type names for target tensors",
-              make=lambda orig: _type_wrapper(orig, target), count_calls=False),
-        Patch("torch:Tensor.is_cuda", PatchKind.REPLACE, "target tensors are CUDA tensors to the program",
-              replacement=_is_on_target(target.device_type), api="torch.Tensor.is_cuda"),
-        Patch("torch.storage:_StorageBase.to", PatchKind.REPLACE, "storage moves onto the target",
-              make=lambda orig: _storage_to(orig, dmap), count_calls=False),
-        Patch("torch.storage:TypedStorage.to", PatchKind.REPLACE, "storage moves onto the target",
-              make=lambda orig: _storage_to(orig, dmap), count_calls=False),
+        Replace("torch:Tensor.to", r,
+                make=lambda orig: _to_wrapper(orig, dmap, on_cpu, "torch.Tensor.to(cuda)"), count_calls=False),
+        Replace("torch:Tensor.cuda", r,
+                replacement=_cuda_wrapper(target, dmap, "torch.Tensor.cuda", module=False), count_calls=False),
+        Replace("torch.nn:Module.to", "module moves onto the target",
+                make=lambda orig: _module_to(orig, dmap, "torch.nn.Module.to(cuda)"), count_calls=False),
+        Replace("torch.nn:Module.to_empty", "module materialisation onto the target",
+                make=lambda orig: _module_to(orig, dmap, "torch.nn.Module.to_empty(device=cuda)"), count_calls=False),
+        Replace("torch.nn:Module.cuda", "module moves onto the target",
+                replacement=_cuda_wrapper(target, dmap, "torch.nn.Module.cuda", module=True), count_calls=False),
+        Replace("torch:Tensor.type", "CUDA tensor type names for target tensors",
+                make=lambda orig: _type_wrapper(orig, target), count_calls=False),
+        Replace("torch:Tensor.is_cuda", "target tensors are CUDA tensors to the program",
+                replacement=_is_on_target(target.device_type), api="torch.Tensor.is_cuda"),
+        Replace("torch.storage:_StorageBase.to", "storage moves onto the target",
+                make=lambda orig: _storage_to(orig, dmap), count_calls=False),
+        Replace("torch.storage:TypedStorage.to", "storage moves onto the target",
+                make=lambda orig: _storage_to(orig, dmap), count_calls=False),
     ]
     if on_cpu:
         patches += [
-            Patch("torch:Tensor.cpu", PatchKind.REPLACE, "a device-to-host transfer is a copy",
-                  make=_cpu_copy, count_calls=False, backends=frozenset({"cpu"})),
-            Patch("torch:Tensor.pin_memory", PatchKind.REPLACE,
-                  "the host has no pinned memory: a copy marked as pinned", make=_pin_memory,
-                  action=Action.EMULATED, backends=frozenset({"cpu"})),
-            Patch("torch:Tensor.is_pinned", PatchKind.REPLACE, "answers for pin_memory() copies",
-                  make=_is_pinned, action=Action.EMULATED, backends=frozenset({"cpu"})),
-            Patch("torch:Tensor.record_stream", PatchKind.REPLACE,
-                  "one execution queue on the host: nothing to record",
-                  replacement=lambda self, stream: None, action=Action.NOOP, backends=frozenset({"cpu"})),
+            Replace("torch:Tensor.cpu", "a device-to-host transfer is a copy",
+                    make=_cpu_copy, count_calls=False, backends=frozenset({"cpu"})),
+            Replace("torch:Tensor.pin_memory",
+                    "the host has no pinned memory: a copy marked as pinned", make=_pin_memory,
+                    action=Action.EMULATED, backends=frozenset({"cpu"})),
+            Replace("torch:Tensor.is_pinned", "answers for pin_memory() copies",
+                    make=_is_pinned, action=Action.EMULATED, backends=frozenset({"cpu"})),
+            Replace("torch:Tensor.record_stream",
+                    "one execution queue on the host: nothing to record",
+                    replacement=lambda self, stream: None, action=Action.NOOP, backends=frozenset({"cpu"})),
         ]
     return patches

@@ -30,7 +30,7 @@ from typing import Any
 
 from ..backend import Backend
 from ..devices import DeviceMap
-from ..patch import Action, Patch, PatchKind
+from ..patch import Action, Add, Patch, Replace
 from ..usage import note
 from .nccl_options import ProcessGroupNCCL, translate_pg_options
 
@@ -263,33 +263,33 @@ def backend_name_patches(target: Backend, dmap: DeviceMap) -> list[Patch]:
     dist = target.dist_backend
 
     def group(name: str, reason: str) -> Patch:
-        return Patch(f"{_C10D}:{name}", PatchKind.REPLACE, reason,
-                     make=lambda orig: _group_wrapper(orig, target, dmap, f"torch.distributed.{name}"),
-                     count_calls=False)
+        return Replace(f"{_C10D}:{name}", reason,
+                       make=lambda orig: _group_wrapper(orig, target, dmap, f"torch.distributed.{name}"),
+                       count_calls=False)
 
     return [
         group("init_process_group", f"nccl -> {dist}; NCCL pg_options and device_id onto the target"),
         group("new_group", f"nccl -> {dist}; NCCL pg_options and device_id onto the target"),
         group("new_subgroups", f"nccl -> {dist}; NCCL pg_options onto the target"),
         group("new_subgroups_by_enumeration", f"nccl -> {dist}; NCCL pg_options onto the target"),
-        Patch(f"{_C10D}:get_backend", PatchKind.REPLACE,
-              "reports 'nccl' to program code for groups it created with nccl (torch sees the real name)",
-              make=_get_backend, action=Action.EMULATED, count_calls=False),
-        Patch(f"{_C10D}:is_nccl_available", PatchKind.REPLACE,
-              f"True for program code: nccl is served by {dist}", make=_is_nccl_available,
-              action=Action.EMULATED, count_calls=False),
-        Patch(f"{_C10D}:is_backend_available", PatchKind.REPLACE,
-              f"'nccl' is available to program code (served by {dist})", make=_is_backend_available,
-              action=Action.EMULATED, count_calls=False),
-        Patch(f"{_C10D}:barrier", PatchKind.REPLACE, "device_ids onto the target (dropped on the host)",
-              make=lambda orig: _barrier(orig, target), count_calls=False),
-        Patch("torch.distributed:ProcessGroupNCCL", PatchKind.ADD,
-              "ProcessGroupNCCL.Options for code that configures NCCL communicators (no NCCL in this torch)",
-              replacement=ProcessGroupNCCL, action=Action.EMULATED),
-        Patch("torch.distributed.device_mesh:DeviceMesh.__init__", PatchKind.REPLACE,
-              f"DeviceMesh('cuda') -> DeviceMesh('{target.device_type}'); backend_override translated",
-              make=lambda orig: _mesh_init(orig, target, dmap), count_calls=False),
-        Patch("torch.nn.parallel.distributed:DistributedDataParallel.__init__", PatchKind.REPLACE,
-              "device_ids/output_device onto the target (none on the host)",
-              make=lambda orig: _ddp_init(orig, target, dmap), count_calls=False),
+        Replace(f"{_C10D}:get_backend",
+                "reports 'nccl' to program code for groups it created with nccl (torch sees the real name)",
+                make=_get_backend, action=Action.EMULATED, count_calls=False),
+        Replace(f"{_C10D}:is_nccl_available",
+                f"True for program code: nccl is served by {dist}", make=_is_nccl_available,
+                action=Action.EMULATED, count_calls=False),
+        Replace(f"{_C10D}:is_backend_available",
+                f"'nccl' is available to program code (served by {dist})", make=_is_backend_available,
+                action=Action.EMULATED, count_calls=False),
+        Replace(f"{_C10D}:barrier", "device_ids onto the target (dropped on the host)",
+                make=lambda orig: _barrier(orig, target), count_calls=False),
+        Add("torch.distributed:ProcessGroupNCCL",
+            "ProcessGroupNCCL.Options for code that configures NCCL communicators (no NCCL in this torch)",
+            replacement=ProcessGroupNCCL, action=Action.EMULATED),
+        Replace("torch.distributed.device_mesh:DeviceMesh.__init__",
+                f"DeviceMesh('cuda') -> DeviceMesh('{target.device_type}'); backend_override translated",
+                make=lambda orig: _mesh_init(orig, target, dmap), count_calls=False),
+        Replace("torch.nn.parallel.distributed:DistributedDataParallel.__init__",
+                "device_ids/output_device onto the target (none on the host)",
+                make=lambda orig: _ddp_init(orig, target, dmap), count_calls=False),
     ]

@@ -45,7 +45,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..patch import Action, Patch, PatchKind
+from ..patch import Action, Patch, Replace
 from ..usage import note
 
 __all__ = ["FallbackWork", "collective_patches", "premul_factor"]
@@ -377,8 +377,8 @@ def collective_patches() -> list[Patch]:
     cpu = frozenset({"cpu"})
 
     def patch(name: str, make: Callable[[Any], Any], reason: str, module: str = _C10D) -> Patch:
-        return Patch(f"{module}:{name}", PatchKind.REPLACE, reason, make=make, backends=cpu,
-                     package="torch", versions=_TORCH_RANGE, action=Action.EMULATED, count_calls=False)
+        return Replace(f"{module}:{name}", reason, make=make, backends=cpu,
+                       package="torch", versions=_TORCH_RANGE, action=Action.EMULATED, count_calls=False)
 
     return [
         patch("all_reduce", _all_reduce, "PREMUL_SUM and float8 all_reduce, which gloo lacks"),

@@ -1,0 +1,152 @@
+"""Appliers for the attribute patches: Replace, Add and Wrap.
+
+A target ``"module:attr.path"`` is resolved on its imported module; every change is an :class:`AttributeUndo`
+that restores the original by identity, deleting an attribute that was only inherited.
+A value this module installed is recognised at its target, so a second apply never
+wraps twice.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import wrapt
+
+from ..patch import Add, AttributePatch, Replace, Wrap
+from .counting import counted
+from .rebind import has_identity, own_dict, rebind_copies, restore_copies
+from .status import ApplyContext, PatchStatus, skip
+
+__all__ = ["MISSING", "AddApplier", "AttributeApplier", "AttributeUndo", "ReplaceApplier", "WrapApplier"]
+
+MISSING: Any = object()  # an attribute that is not there
+# id -> every replacement currently installed (kept alive so ids stay unique); a value
+# found here at its target is ours already, which is what stops double wrapping.
+_LIVE: dict[int, Any] = {}
+
+
+@dataclass
+class AttributeUndo:
+    """One applied attribute patch: what to put back, where, and the copies re-bound."""
+
+    status: PatchStatus
+    owner: Any
+    name: str
+    had_own: bool
+    old: Any  # the owner's own value before (when had_own)
+    original: Any  # what getattr returned before (for re-binding copies back)
+    new: Any
+    rebound: list[tuple[dict[str, Any], str]] = field(default_factory=list)
+
+    @property
+    def rebinds(self) -> bool:
+        patch = self.status.patch
+        return isinstance(patch, AttributePatch) and patch.rebind
+
+    def note_rebound(self, where: str) -> None:
+        self.status.rebound.append(where)
+
+    def undo(self) -> None:
+        """Put the original back by identity, unless something else has replaced ours since."""
+        if own_dict(self.owner).get(self.name, MISSING) is self.new:
+            if self.had_own:
+                setattr(self.owner, self.name, self.old)
+            else:
+                delattr(self.owner, self.name)
+
+
+def resolve(patch: AttributePatch) -> tuple[Any, str, Any]:
+    """(owner, attribute name, current value or MISSING) of an imported module's target."""
+    owner = sys.modules.get(patch.module)
+    parts = patch.attribute.split(".")
+    for part in parts[:-1]:
+        owner = getattr(owner, part)
+    return owner, parts[-1], getattr(owner, parts[-1], MISSING)
+
+
+class AttributeApplier:
+    """Applies attribute patches once their module is imported; the record types differ in
+    :meth:`unusable` (when the current value rules the patch out) and :meth:`new_value`."""
+
+    def waits_for(self, patch: AttributePatch) -> str | None:
+        """The module to wait for, or None when it is imported already."""
+        return None if patch.module in sys.modules else patch.module
+
+    def unusable(self, patch: AttributePatch, current: Any) -> tuple[str, bool] | None:
+        """(why, whether strict mode makes it fatal) when the current value rules the patch out."""
+        if current is MISSING:
+            return f"target missing: {patch.module} has no {patch.attribute}", True
+        return None
+
+    def new_value(self, patch: AttributePatch, own: Any, current: Any) -> Any:
+        """What the attribute becomes; ``own`` is the owner's own value (else the inherited one)."""
+        raise NotImplementedError
+
+    def apply(self, statuses: list[PatchStatus], ctx: ApplyContext) -> list[AttributeUndo]:
+        """Apply each patch, then re-bind by-value copies of every original in one pass."""
+        applied = [undo for status in statuses if (undo := self._apply_one(status, ctx)) is not None]
+        rebind_copies(applied, MISSING)
+        return applied
+
+    def _apply_one(self, status: PatchStatus, ctx: ApplyContext) -> AttributeUndo | None:
+        patch, strict = status.patch, ctx.strict
+        assert isinstance(patch, AttributePatch)
+        try:
+            owner, name, current = resolve(patch)
+        except AttributeError as exc:
+            skip(status, f"target missing: {exc}", strict)
+            return None
+        unusable = self.unusable(patch, current)
+        if unusable is not None:
+            why, fatal = unusable
+            skip(status, why, strict and fatal)
+            return None
+        if current is not MISSING and has_identity(current) and id(current) in _LIVE:
+            status.state, status.detail = "skipped", "already patched (no double wrapping)"
+            return None
+        own = own_dict(owner)
+        had_own = name in own
+        old = own.get(name, MISSING) if had_own else MISSING
+        try:
+            new = counted(patch, self.new_value(patch, old if had_own else current, current), ctx.recorder)
+            setattr(owner, name, new)
+        except Exception as exc:
+            skip(status, f"failed: {type(exc).__name__}: {exc}", strict, state="failed")
+            return None
+        status.state, status.detail = "applied", ""
+        if has_identity(new):
+            _LIVE[id(new)] = new
+        return AttributeUndo(status, owner, name, had_own, old, current, new)
+
+    def undo(self, entries: list[AttributeUndo]) -> None:
+        """Restore every original (``entries`` newest first), then the copies of each."""
+        for entry in entries:
+            entry.undo()
+        restore_copies(entries, MISSING)
+        for entry in entries:
+            _LIVE.pop(id(entry.new), None)
+
+
+class ReplaceApplier(AttributeApplier):
+    def new_value(self, patch: AttributePatch, own: Any, current: Any) -> Any:
+        assert isinstance(patch, Replace)
+        return patch.build(current)
+
+
+class AddApplier(AttributeApplier):
+    def unusable(self, patch: AttributePatch, current: Any) -> tuple[str, bool] | None:
+        if current is not MISSING:
+            return "already provided by the target", False
+        return None
+
+    def new_value(self, patch: AttributePatch, own: Any, current: Any) -> Any:
+        assert isinstance(patch, Add)
+        return patch.build(None)
+
+
+class WrapApplier(AttributeApplier):
+    def new_value(self, patch: AttributePatch, own: Any, current: Any) -> Any:
+        assert isinstance(patch, Wrap)
+        return wrapt.FunctionWrapper(own, patch.wrapper)
