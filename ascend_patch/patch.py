@@ -17,10 +17,11 @@ a target, each with only the fields it uses:
 from __future__ import annotations
 
 import enum
+import functools
 import types
 from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 __all__ = [
     "Action",
@@ -33,9 +34,12 @@ __all__ = [
     "Replace",
     "TARGETS_ALL",
     "Wrap",
+    "replacing",
 ]
 
 TARGETS_ALL = frozenset({"npu", "cpu"})
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class PatchKind(str, enum.Enum):
@@ -189,3 +193,21 @@ class EnvVar(Patch):
         """The value to set, given the current one (None: leave the variable as it is)."""
         return self.make(current)
 
+
+def replacing(original: Any) -> Callable[[F], F]:
+    """Decorator for a replacement built around ``original`` (in a ``make(original)``).
+
+    The replacement gets ``__wrapped__`` (``inspect.signature`` and ``inspect.unwrap``
+    see the original) and, when it has no docstring of its own, the original's. Its
+    name and module stay its own, so it still says where it comes from.
+    """
+
+    def mark(replacement: F) -> F:
+        functools.update_wrapper(replacement, original, assigned=(), updated=())
+        if replacement.__doc__ is None:
+            doc = getattr(original, "__doc__", None)
+            if isinstance(doc, str):
+                replacement.__doc__ = doc
+        return replacement
+
+    return mark

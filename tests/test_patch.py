@@ -38,3 +38,28 @@ def test_records_refuse_what_they_cannot_apply():
         EnvVar("X", "r", make=lambda cur: cur, package="torch")
     with pytest.raises(TypeError, match="unexpected keyword argument 'hidden_from'"):
         Replace("m:a", "r", replacement=1, hidden_from=("x",))  # type: ignore[call-arg]
+
+
+def test_replacing_marks_a_replacement_with_what_it_replaces():
+    import inspect
+
+    from ascend_patch.patch import replacing
+
+    def original(x: int, *, scale: float = 1.0) -> float:
+        """The original's docstring."""
+        return x * scale
+
+    @replacing(original)
+    def quiet(*args, **kwargs):
+        return original(*args, **kwargs)
+
+    @replacing(original)
+    def documented(*args, **kwargs):
+        """Says what it does itself."""
+        return original(*args, **kwargs)
+
+    assert quiet.__wrapped__ is original and inspect.unwrap(quiet) is original
+    assert inspect.signature(quiet) == inspect.signature(original)  # (x, *, scale=1.0)
+    assert quiet.__doc__ == "The original's docstring." and documented.__doc__ == "Says what it does itself."
+    assert quiet.__name__ == "quiet" and quiet.__module__ == __name__  # still says where it comes from
+    assert quiet(2, scale=1.5) == 3.0

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from ..backend import Backend
-from ..patch import Patch, Replace
+from ..patch import Patch, Replace, replacing
 from ..usage import note
 from ..devices import DeviceMap
 
@@ -36,6 +36,7 @@ def amp_patches(target: Backend, dmap: DeviceMap) -> list[Patch]:
     gpu = _GpuDtype()
 
     def autocast_init(original: Any) -> Any:
+        @replacing(original)
         def __init__(self: Any, device_type: str, dtype: Any = None, enabled: bool = True,
                      cache_enabled: Any = None) -> None:
             if _is_cuda(device_type):
@@ -45,7 +46,6 @@ def amp_patches(target: Backend, dmap: DeviceMap) -> list[Patch]:
                     dtype = gpu.dtype
             original(self, device_type, dtype, enabled, cache_enabled)
 
-        __init__.__wrapped__ = original  # type: ignore[attr-defined]
         return __init__
 
     def is_autocast_enabled(original: Any) -> Any:
@@ -96,22 +96,21 @@ def amp_patches(target: Backend, dmap: DeviceMap) -> list[Patch]:
         return available
 
     def custom(original: Any) -> Any:
+        @replacing(original)
         def decorator(fwd: Any = None, *, device_type: str, **kwargs: Any) -> Any:
             if _is_cuda(device_type):
                 note(f"torch.amp.{original.__name__}(device_type='cuda')")
             return original(fwd, device_type=dmap.device_type_name(device_type), **kwargs)
 
-        decorator.__wrapped__ = original  # type: ignore[attr-defined]
-        decorator.__doc__ = original.__doc__
         return decorator
 
     def scaler_init(original: Any) -> Any:
+        @replacing(original)
         def __init__(self: Any, device: str = "cuda", *args: Any, **kwargs: Any) -> None:
             if _is_cuda(device):
                 note("torch.amp.GradScaler('cuda')")
             original(self, dmap.device_type_name(device), *args, **kwargs)
 
-        __init__.__wrapped__ = original  # type: ignore[attr-defined]
         return __init__
 
     why = "CUDA autocast onto the target, keeping CUDA's float16 default"

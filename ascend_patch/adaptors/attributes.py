@@ -1,6 +1,7 @@
 """Appliers for the attribute patches: Replace, Add and Wrap.
 
-A target ``"module:attr.path"`` is resolved on its imported module; every change is an :class:`AttributeUndo`
+A target ``"module:attr.path"`` is resolved without binding (``wrapt.resolve_path`` walks
+to the owner); every change is an :class:`AttributeUndo`
 that restores the original by identity, deleting an attribute that was only inherited.
 A value this module installed is recognised at its target, so a second apply never
 wraps twice.
@@ -58,12 +59,16 @@ class AttributeUndo:
 
 
 def resolve(patch: AttributePatch) -> tuple[Any, str, Any]:
-    """(owner, attribute name, current value or MISSING) of an imported module's target."""
-    owner = sys.modules.get(patch.module)
-    parts = patch.attribute.split(".")
-    for part in parts[:-1]:
-        owner = getattr(owner, part)
-    return owner, parts[-1], getattr(owner, parts[-1], MISSING)
+    """(owner, attribute name, current value or MISSING) of an imported module's target.
+
+    ``wrapt.resolve_path`` walks to the owner without binding (a class on the way is
+    read from the ``__dict__`` along its MRO); the attribute itself is read with getattr,
+    which is what a by-value copy of it holds (a staticmethod's function, say).
+    """
+    module = sys.modules.get(patch.module)
+    prefix, _, name = patch.attribute.rpartition(".")
+    owner = wrapt.resolve_path(module, prefix)[2] if prefix else module
+    return owner, name, getattr(owner, name, MISSING)
 
 
 class AttributeApplier:
@@ -95,8 +100,9 @@ class AttributeApplier:
         assert isinstance(patch, AttributePatch)
         try:
             owner, name, current = resolve(patch)
-        except AttributeError as exc:
-            skip(status, f"target missing: {exc}", strict)
+        except AttributeError as exc:  # wrapt's PathResolutionError keeps getattr's error as its cause
+            cause = exc.__cause__ if isinstance(exc.__cause__, AttributeError) else exc
+            skip(status, f"target missing: {cause}", strict)
             return None
         unusable = self.unusable(patch, current)
         if unusable is not None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..backend import Backend
-from ..patch import Patch, Replace
+from ..patch import Patch, Replace, replacing
 
 __all__ = ["FLAG_COUNTERPARTS", "backend_flag_patches"]
 
@@ -33,12 +33,12 @@ def _switch_group(device_module: Any, group: str) -> Any:
 
 def _cublas_getattr(switches: Any) -> Any:
     def make(original: Any) -> Any:
+        @replacing(original)
         def __getattr__(self: Any, name: str) -> Any:
             if name == "allow_tf32":
                 return switches.allow_hf32
             return original(self, name)
 
-        __getattr__.__wrapped__ = original  # type: ignore[attr-defined]
         return __getattr__
 
     return make
@@ -46,13 +46,13 @@ def _cublas_getattr(switches: Any) -> Any:
 
 def _cublas_setattr(switches: Any) -> Any:
     def make(original: Any) -> Any:
+        @replacing(original)
         def __setattr__(self: Any, name: str, value: Any) -> Any:
             if name == "allow_tf32":
                 switches.allow_hf32 = bool(value)
                 return None
             return original(self, name, value)
 
-        __setattr__.__wrapped__ = original  # type: ignore[attr-defined]
         return __setattr__
 
     return make

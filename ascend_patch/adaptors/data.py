@@ -16,7 +16,7 @@ import inspect
 from typing import Any
 
 from ..backend import Backend
-from ..patch import Action, Patch, Replace
+from ..patch import Action, Patch, Replace, replacing
 from ..usage import note
 
 __all__ = ["data_patches"]
@@ -25,6 +25,7 @@ __all__ = ["data_patches"]
 def _dataloader_init(original: Any, on_cpu: bool) -> Any:
     signature = inspect.signature(original)
 
+    @replacing(original)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         bound = signature.bind(self, *args, **kwargs)
         arguments = bound.arguments
@@ -37,7 +38,6 @@ def _dataloader_init(original: Any, on_cpu: bool) -> Any:
             arguments["pin_memory_device"] = ""
         original(*bound.args, **bound.kwargs)
 
-    __init__.__wrapped__ = original  # type: ignore[attr-defined]
     return __init__
 
 

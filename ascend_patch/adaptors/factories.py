@@ -128,8 +128,8 @@ def device_kwarg_wrapper(original: Callable[..., Any], dmap: DeviceMap, api: str
                 return _made_pinned(original, args, kwargs)
             return original(*args, **kwargs)
 
+    # name, docstring and __wrapped__ (inspect.signature sees the original)
     functools.update_wrapper(wrapper, original, assigned=("__name__", "__qualname__", "__doc__"), updated=())
-    wrapper.__wrapped__ = original  # type: ignore[attr-defined]
     return wrapper
 
 

@@ -19,7 +19,7 @@ import torch
 
 from ..backend import Backend
 from ..devices import DeviceMap
-from ..patch import Patch, Replace
+from ..patch import Patch, Replace, replacing
 from .. import usage
 
 __all__ = ["legacy_patches", "legacy_type_names"]
@@ -67,13 +67,13 @@ def _legacy_type(name: str, dtype: torch.dtype, target: Backend, dmap: DeviceMap
 
 
 def _device_context_init(original: Any, dmap: DeviceMap) -> Any:
+    @replacing(original)
     def __init__(self: Any, device: Any) -> None:
         mapped = dmap(device)
         if mapped is not device:
             usage.note('with torch.device("cuda")')
         original(self, mapped)
 
-    __init__.__wrapped__ = original  # type: ignore[attr-defined]
     return __init__
 
 

@@ -180,8 +180,7 @@ class PatchManager:
                 applier.undo(entries)
             self._undo.clear()
             self.env.restore()
-            _drop_wrapt_hooks()
-            self._deferred.clear()
+            self._deferred.clear()  # their post-import hooks find nothing waiting
             for status in self.statuses:
                 if status.state in ("applied", "deferred"):
                     status.state, status.detail = "removed", ""
@@ -198,30 +197,24 @@ class PatchManager:
         return None
 
 
-_hooked: set[str] = set()
+# Modules our post-import hook is registered for and has not fired for yet: our own record
+# (wrapt keeps its list private), so a module is watched once however often apply() runs.
+# The hook asks the manager, which ignores a module nothing waits for (after remove()).
+_watched: set[str] = set()
+_watched_lock = threading.Lock()
 
 
 def _watch(module: str) -> None:
-    if module not in _hooked:
-        _hooked.add(module)
-        wrapt.register_post_import_hook(_on_import, module)
-
-
-def _drop_wrapt_hooks() -> None:
-    """Take our callbacks off wrapt's pending list so nothing of ours fires after remove()."""
-    hooks = getattr(getattr(wrapt, "importer", None), "_post_import_hooks", None)
-    _hooked.clear()
-    if not isinstance(hooks, dict):
-        return
-    for name in list(hooks):
-        callbacks = hooks.get(name)
-        if isinstance(callbacks, list) and _on_import in callbacks:
-            callbacks[:] = [c for c in callbacks if c is not _on_import]
-            if not callbacks:
-                del hooks[name]
+    with _watched_lock:
+        if module in _watched:
+            return
+        _watched.add(module)
+    wrapt.register_post_import_hook(_on_import, module)
 
 
 def _on_import(module: Any) -> None:
+    with _watched_lock:
+        _watched.discard(module.__name__)
     manager.on_import(module.__name__)
 
 

@@ -12,7 +12,7 @@ import os
 from typing import Any
 
 from ..config import Settings
-from ..patch import Patch, Replace
+from ..patch import Patch, Wrap
 
 __all__ = ["PatchedEntry", "process_patches"]
 
@@ -33,15 +33,12 @@ class PatchedEntry:
 
 
 def process_patches(settings: Settings) -> list[Patch]:
-    def start_processes(original: Any) -> Any:
-        def start(fn: Any, *args: Any, **kwargs: Any) -> Any:
-            if not isinstance(fn, PatchedEntry):
-                fn = PatchedEntry(fn, settings.to_environ())
-            return original(fn, *args, **kwargs)
+    def start_processes(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if args and not isinstance(args[0], PatchedEntry):
+            args = (PatchedEntry(args[0], settings.to_environ()), *args[1:])
+        elif "fn" in kwargs and not isinstance(kwargs["fn"], PatchedEntry):
+            kwargs["fn"] = PatchedEntry(kwargs["fn"], settings.to_environ())
+        return wrapped(*args, **kwargs)
 
-        start.__wrapped__ = original  # type: ignore[attr-defined]
-        return start
-
-    return [Replace("torch.multiprocessing.spawn:start_processes",
-                    "spawned workers apply ascend_patch before running", make=start_processes,
-                    count_calls=False)]
+    return [Wrap("torch.multiprocessing.spawn:start_processes", "spawned workers apply ascend_patch before running",
+                 wrapper=start_processes, count_calls=False)]

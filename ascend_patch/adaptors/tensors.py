@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from ..backend import Backend
-from ..patch import Action, Patch, Replace
+from ..patch import Action, Patch, Replace, replacing
 from .. import usage
 from ..devices import NOT_A_DEVICE, DeviceMap
 
@@ -48,6 +48,7 @@ def _to_wrapper(original: Any, dmap: DeviceMap, copy_host: bool, api: str) -> An
     lookup = dmap.lookup
     recorder = usage.active_recorder()
 
+    @replacing(original)
     def to(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         moved = False
         if args:
@@ -72,7 +73,6 @@ def _to_wrapper(original: Any, dmap: DeviceMap, copy_host: bool, api: str) -> An
             out = self.clone()
         return out
 
-    to.__wrapped__ = original  # type: ignore[attr-defined]
     return to
 
 
@@ -99,17 +99,18 @@ def _cuda_wrapper(target: Backend, dmap: DeviceMap, api: str, module: bool) -> A
 
 
 def _cpu_copy(original: Any) -> Any:
+    @replacing(original)
     def cpu(self: torch.Tensor, memory_format: torch.memory_format = torch.preserve_format) -> torch.Tensor:
         out = original(self, memory_format=memory_format)
         return out.clone() if out is self else out
 
-    cpu.__wrapped__ = original  # type: ignore[attr-defined]
     return cpu
 
 
 def _module_to(original: Any, dmap: DeviceMap, api: str) -> Any:
     lookup = dmap.lookup
 
+    @replacing(original)
     def to(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         if args:
             mapped = lookup(args[0])
@@ -123,7 +124,6 @@ def _module_to(original: Any, dmap: DeviceMap, api: str) -> Any:
                 usage.note(api)
         return original(self, *args, **kwargs)
 
-    to.__wrapped__ = original  # type: ignore[attr-defined]
     return to
 
 
@@ -133,6 +133,7 @@ def _type_wrapper(original: Any, target: Backend) -> Any:
     prefix = "torch." if dev == "cpu" else f"torch.{dev}."
     recorder = usage.active_recorder()
 
+    @replacing(original)
     def type_(self: torch.Tensor, dtype: Any = None, non_blocking: bool = False, **kwargs: Any) -> Any:
         if dtype is None:
             name = original(self)
@@ -147,7 +148,6 @@ def _type_wrapper(original: Any, target: Backend) -> Any:
             dtype = prefix + dtype[len("torch.cuda."):]
         return original(self, dtype, non_blocking, **kwargs)
 
-    type_.__wrapped__ = original  # type: ignore[attr-defined]
     return type_
 
 
@@ -189,6 +189,7 @@ def _is_pinned(original: Any) -> Any:
 def _storage_to(original: Any, dmap: DeviceMap) -> Any:
     lookup = dmap.lookup
 
+    @replacing(original)
     def to(self: Any, *args: Any, **kwargs: Any) -> Any:
         if "device" in kwargs:
             mapped = lookup(kwargs["device"])
@@ -196,7 +197,6 @@ def _storage_to(original: Any, dmap: DeviceMap) -> Any:
                 kwargs["device"] = mapped
         return original(self, *args, **kwargs)
 
-    to.__wrapped__ = original  # type: ignore[attr-defined]
     return to
 
 

@@ -423,3 +423,27 @@ def test_each_record_type_finds_its_applier_and_an_unknown_one_fails_its_plugin(
         report = apply_cpu()
     assert target.f(0) == "tagged" and target.value == 1
     assert [s.patch.target for s in report.statuses] == ["ap_target:f"]
+
+
+def test_a_deferred_module_is_watched_once_however_often_apply_runs(isolated, tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    _write_module(tmp_path, "ap_watched", "def g():\n    return 'original'\n")
+    isolated("t", Replace("ap_watched:g", "test", replacement=lambda: "patched"))
+    seen = []
+    monkeypatch.setattr(manager, "on_import", lambda name: seen.append(name) or type(manager).on_import(manager, name))
+    for _ in range(3):
+        apply_cpu()
+        ascend_patch.remove()
+    apply_cpu()
+    mod = importlib.import_module("ap_watched")
+    assert mod.g() == "patched" and seen == ["ap_watched"]  # one hook, fired once
+    ascend_patch.remove()
+    assert mod.g() == "original"
+    del sys.modules["ap_watched"]
+
+
+def test_a_missing_owner_on_the_path_is_skipped_with_getattrs_words(isolated, target):
+    isolated("t", Replace("ap_target:Thing.nope.method", "test", replacement=1))
+    report = apply_cpu()
+    assert [(s.state, s.detail) for s in report.statuses] == [
+        ("skipped", "target missing: type object 'Thing' has no attribute 'nope'")]
