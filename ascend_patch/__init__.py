@@ -42,13 +42,9 @@ def apply(settings: Settings | None = None, backend: Backend | None = None) -> R
     """Apply the patch set (settings default to the environment). A second call changes nothing."""
     global _auto_pending
     _auto_pending = False
-    from .adaptors.manager import manager
-    from .adaptors.report import build_report, print_at_exit
+    from .adaptors.report import apply_and_report
 
-    manager.apply(settings, backend)
-    if manager.active and manager.settings is not None and manager.settings.report_enabled:
-        print_at_exit(manager, every_rank=manager.settings.report == "all")
-    return build_report(manager)
+    return apply_and_report(settings, backend)
 
 
 def remove() -> None:

@@ -20,6 +20,7 @@ from typing import Any
 
 from .config import Settings
 from .environ import EnvChanges, EnvTransaction, carry_over_cuda_variables
+from .unsupported import UnsupportedOnTarget
 
 __all__ = [
     "Backend",
@@ -49,10 +50,6 @@ NPU_KERNEL_NAMES: tuple[str, ...] = (
 # registers for npu tensors (what ``torch.optim.AdamW(fused=True)`` runs there). Listed in
 # the npu table so the ops' optimizers take them from it (tests inject references).
 NPU_TORCH_KERNEL_NAMES: tuple[str, ...] = ("_fused_adam_", "_fused_adamw_", "_fused_sgd_")
-
-
-class UnsupportedOnTarget(RuntimeError):
-    """A CUDA API that the target cannot provide; the message names the API and the target."""
 
 
 class BackendUnavailable(RuntimeError):

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ..patch import Action, Patch, Replace
-from .. import usage
+from ..usage import active_recorder
 from ..devices import NOT_A_DEVICE, DeviceMap
 
 __all__ = ["derive_device_functions", "factory_patches", "device_kwarg_wrapper"]
@@ -96,7 +96,7 @@ def device_kwarg_wrapper(original: Callable[..., Any], dmap: DeviceMap, api: str
     lookup = dmap.lookup
     cached = dmap.cache.get
     missing = object()
-    recorder = usage.active_recorder()
+    recorder = active_recorder()
     if recorder is None:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             if not kwargs:

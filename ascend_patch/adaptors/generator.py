@@ -12,14 +12,14 @@ from typing import Any
 import torch
 
 from ..patch import Patch, Replace
-from .. import usage
+from ..usage import active_recorder
 from ..devices import NOT_A_DEVICE, DeviceMap
 
 __all__ = ["generator_patches"]
 
 
 def _generator_class(original: type, dmap: DeviceMap) -> type:
-    recorder = usage.active_recorder()
+    recorder = active_recorder()
 
     class _GeneratorMeta(type):
         def __call__(cls, device: Any = "cpu") -> Any:

@@ -20,7 +20,7 @@ import torch
 from ..backend import Backend
 from ..devices import DeviceMap
 from ..patch import Patch, Replace, replacing
-from .. import usage
+from ..usage import note
 
 __all__ = ["legacy_patches", "legacy_type_names"]
 
@@ -48,7 +48,7 @@ def _legacy_type(name: str, dtype: torch.dtype, target: Backend, dmap: DeviceMap
 
     class _LegacyType(type):
         def __call__(cls, *args: Any, device: Any = None) -> torch.Tensor:
-            usage.note(api)
+            note(api)
             tensor = host_type(*args)
             where = destination(device)
             return tensor if tensor.device == where else tensor.to(where)
@@ -71,7 +71,7 @@ def _device_context_init(original: Any, dmap: DeviceMap) -> Any:
     def __init__(self: Any, device: Any) -> None:
         mapped = dmap(device)
         if mapped is not device:
-            usage.note('with torch.device("cuda")')
+            note('with torch.device("cuda")')
         original(self, mapped)
 
     return __init__

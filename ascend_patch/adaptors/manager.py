@@ -23,7 +23,7 @@ from typing import Any
 
 import wrapt
 
-from .. import usage
+from ..usage import UsageRecorder, set_recorder
 from ..backend import Backend, Selection, select_backend
 from ..config import Settings, read_settings
 from ..environ import EnvTransaction, process_environment
@@ -57,7 +57,7 @@ class PatchManager:
         self._deferred: dict[str, list[PatchStatus]] = {}
         # every variable import, selection and EnvVar patches set; remove() restores it
         self.env: EnvTransaction = process_environment()
-        self.recorder: usage.UsageRecorder | None = None
+        self.recorder: UsageRecorder | None = None
         self.plugin_failures: list[str] = []
         self.generation = 0
 
@@ -90,12 +90,12 @@ class PatchManager:
                 if settings.enabled and settings.device == "auto":
                     warnings.warn(f"ascend_patch: {self.selection.reason}", stacklevel=3)
                 return self
-            self.recorder = usage.UsageRecorder() if settings.report_enabled else None
-            usage.set_recorder(self.recorder)
+            self.recorder = UsageRecorder() if settings.report_enabled else None
+            set_recorder(self.recorder)
             try:
                 patches = self._collect(self.backend)
             except Exception:
-                usage.set_recorder(None)
+                set_recorder(None)
                 self.recorder, self.backend = None, None
                 self.env.restore()
                 raise
@@ -184,7 +184,7 @@ class PatchManager:
             for status in self.statuses:
                 if status.state in ("applied", "deferred"):
                     status.state, status.detail = "removed", ""
-            usage.set_recorder(None)
+            set_recorder(None)
             self.active = False
             self.backend = None
 

@@ -21,7 +21,7 @@ import torch
 
 from ..backend import Backend
 from ..patch import Action, Patch, Replace, replacing
-from .. import usage
+from ..usage import UsageRecorder, active_recorder, note
 from ..devices import NOT_A_DEVICE, DeviceMap
 
 __all__ = ["tensor_patches"]
@@ -29,7 +29,7 @@ __all__ = ["tensor_patches"]
 _PINNED = "_ascend_patch_pinned"
 
 
-def _hit(recorder: usage.UsageRecorder | None, api: str, action: str = "translated") -> None:
+def _hit(recorder: UsageRecorder | None, api: str, action: str = "translated") -> None:
     if recorder is not None:
         recorder.hit(api, action)
 
@@ -46,7 +46,7 @@ def _to_wrapper(original: Any, dmap: DeviceMap, copy_host: bool, api: str) -> An
     though both ends are the host.
     """
     lookup = dmap.lookup
-    recorder = usage.active_recorder()
+    recorder = active_recorder()
 
     @replacing(original)
     def to(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
@@ -77,7 +77,7 @@ def _to_wrapper(original: Any, dmap: DeviceMap, copy_host: bool, api: str) -> An
 
 
 def _cuda_wrapper(target: Backend, dmap: DeviceMap, api: str, module: bool) -> Any:
-    recorder = usage.active_recorder()
+    recorder = active_recorder()
     copy = target.name == "cpu"  # host -> "device" must not alias; on npu CUDA's no-op rule holds
 
     def device_for(device: Any) -> Any:
@@ -116,12 +116,12 @@ def _module_to(original: Any, dmap: DeviceMap, api: str) -> Any:
             mapped = lookup(args[0])
             if mapped is not NOT_A_DEVICE:
                 args = (mapped, *args[1:])
-                usage.note(api)
+                note(api)
         if "device" in kwargs:
             mapped = lookup(kwargs["device"])
             if mapped is not NOT_A_DEVICE:
                 kwargs["device"] = mapped
-                usage.note(api)
+                note(api)
         return original(self, *args, **kwargs)
 
     return to
@@ -131,7 +131,7 @@ def _type_wrapper(original: Any, target: Backend) -> Any:
     """Tensor.type(): target tensors report torch.cuda.* names and accept them."""
     dev = target.device_type
     prefix = "torch." if dev == "cpu" else f"torch.{dev}."
-    recorder = usage.active_recorder()
+    recorder = active_recorder()
 
     @replacing(original)
     def type_(self: torch.Tensor, dtype: Any = None, non_blocking: bool = False, **kwargs: Any) -> Any:
