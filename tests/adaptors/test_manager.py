@@ -358,9 +358,9 @@ def test_version_ranges_follow_packaging(installed, versions):
     """The fast path for plain comparisons decides exactly as packaging's SpecifierSet does."""
     from packaging.specifiers import SpecifierSet
 
-    from ascend_patch.adaptors.versions import _in_range
+    from ascend_patch.adaptors.versions import in_range
 
-    assert _in_range(installed, versions) is SpecifierSet(versions).contains(installed)
+    assert in_range(installed, versions) is SpecifierSet(versions).contains(installed)
 
 
 def _npu_stand_in():
