@@ -20,7 +20,7 @@ import enum
 import functools
 import types
 from collections.abc import Callable
-from dataclasses import KW_ONLY, dataclass, field
+from dataclasses import KW_ONLY, dataclass, field, fields
 from typing import Any, ClassVar, TypeVar
 
 __all__ = [
@@ -61,7 +61,14 @@ class Action(str, enum.Enum):
     UNSUPPORTED = "unsupported"  # raises an error naming the API and the target
 
 
-@dataclass(frozen=True)
+# Every method a dataclass generates is an exec when this module is imported, which every
+# `import ascend_patch` does: the bases generate none but the frozen guards, the record types
+# their __init__ too; equality, hashing and repr are written once, in Patch.
+_BASE = dict(frozen=True, init=False, repr=False, eq=False)
+_RECORD = dict(frozen=True, kw_only=True, repr=False, eq=False)
+
+
+@dataclass(**_BASE)
 class Patch:
     """What every patch record has: a target, the reason, the targets and versions it is for.
 
@@ -82,9 +89,10 @@ class Patch:
     api: str | None = None  # the name the report shows (default: the target)
     owner: str = field(default="", compare=False)  # set by the registry: the plugin's name
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # the record types generate their own
+        raise TypeError("Patch is the base of the record types: use Replace, Wrap, Add, ModuleShim or EnvVar")
+
     def __post_init__(self) -> None:
-        if type(self) in (Patch, AttributePatch, _NewValue):
-            raise TypeError("Patch is the base of the record types: use Replace, Wrap, Add, ModuleShim or EnvVar")
         if (self.package is None) != (self.versions is None):
             raise ValueError(f"patch {self.target!r}: package= and versions= go together")
 
@@ -101,8 +109,25 @@ class Patch:
     def shown_as(self) -> str:
         return self.api or self.target.replace(":", ".")
 
+    # -- equal by value (the owner aside), hashable, shown with its fields ------------------
 
-@dataclass(frozen=True, kw_only=True)
+    def _key(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, f.name) for f in fields(self) if f.compare)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self._key() == other._key()  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash((type(self), self._key()))
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self) if f.repr)
+        return f"{type(self).__name__}({shown})"
+
+
+@dataclass(**_BASE, kw_only=True)
 class AttributePatch(Patch):
     """A patch on ``"module:attr.path"`` (``"torch.cuda:set_device"``, ``"torch:Tensor.cuda"``).
 
@@ -121,7 +146,7 @@ class AttributePatch(Patch):
             raise ValueError(f"patch target {self.target!r} must be 'module:attribute.path'")
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(**_BASE, kw_only=True)
 class _NewValue(AttributePatch):
     replacement: Any = None
     make: Callable[[Any], Any] | None = None
@@ -136,21 +161,21 @@ class _NewValue(AttributePatch):
         return self.make(original) if self.make is not None else self.replacement
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(**_RECORD)
 class Replace(_NewValue):
     """The attribute becomes ``replacement``, or ``make(original)``."""
 
     kind: ClassVar[PatchKind] = PatchKind.REPLACE
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(**_RECORD)
 class Add(_NewValue):
     """A missing attribute is added (``make`` receives None); one that exists is left alone."""
 
     kind: ClassVar[PatchKind] = PatchKind.ADD
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(**_RECORD)
 class Wrap(AttributePatch):
     """The attribute becomes ``wrapt.FunctionWrapper(original, wrapper)``.
 
@@ -162,7 +187,7 @@ class Wrap(AttributePatch):
     wrapper: Callable[[Any, Any, tuple[Any, ...], dict[str, Any]], Any]
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(**_RECORD)
 class ModuleShim(Patch):
     """A shim module importable under ``target`` (a module name) while the real package is missing.
 
@@ -181,7 +206,7 @@ class ModuleShim(Patch):
         return self.make(name)
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(**_RECORD)
 class EnvVar(Patch):
     """Environment variable ``target`` is set to ``make(current value)`` (None: left untouched)."""
 

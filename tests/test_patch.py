@@ -21,6 +21,13 @@ def test_each_record_type_carries_its_kind_and_common_fields():
     assert records[1].build(None) == 2 and records[0].build("orig") == 1 and records[4].build("x") == "x"
     assert dataclasses.replace(records[0], owner="me").owner == "me"
     assert records[0] == dataclasses.replace(records[0], owner="other")  # the owner is not part of equality
+    assert records[0] != dataclasses.replace(records[0], reason="other") and records[0] != records[1]
+    assert len({records[0], dataclasses.replace(records[0], owner="x"), records[1]}) == 2  # hashable by value
+    assert repr(records[4]).startswith("EnvVar(target='NAME', reason='r', backends=")
+    with pytest.raises(dataclasses.FrozenInstanceError, match="cannot assign to field 'target'"):
+        records[0].target = "m:other"  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        del records[0].reason
 
 
 def test_records_refuse_what_they_cannot_apply():

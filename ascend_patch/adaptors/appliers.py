@@ -1,4 +1,4 @@
-"""One applier per patch record type, found by the record's type (the manager never asks for a kind).
+"""The appliers, found by the record's type (the manager never asks a record for a kind).
 
 An applier says whether a patch waits for an import (:meth:`Applier.waits_for`),
 applies a batch of patches (:meth:`Applier.apply`, returning its undo entries) and
@@ -15,7 +15,7 @@ import sys
 from typing import Any, Protocol
 
 from ..patch import Add, EnvVar, ModuleShim, Patch, Replace, Wrap
-from .attributes import AddApplier, ReplaceApplier, WrapApplier
+from .attributes import AddValue, AttributeApplier, ReplaceValue, WrapValue
 from .shims import ShimFinder, is_shim
 from .status import ApplyContext, PatchStatus
 
@@ -101,10 +101,11 @@ class EnvApplier:
         return None  # the manager restores the transaction
 
 
+_ATTRIBUTES = AttributeApplier({Replace: ReplaceValue(), Add: AddValue(), Wrap: WrapValue()})
 _APPLIERS: dict[type, Applier] = {
-    Replace: ReplaceApplier(),
-    Add: AddApplier(),
-    Wrap: WrapApplier(),
+    Replace: _ATTRIBUTES,
+    Add: _ATTRIBUTES,
+    Wrap: _ATTRIBUTES,
     ModuleShim: ShimApplier(),
     EnvVar: EnvApplier(),
 }
@@ -112,6 +113,9 @@ _APPLIERS: dict[type, Applier] = {
 
 def applier_for(patch: Patch) -> Applier:
     """The applier of ``patch``'s record type (or of the nearest base it derives from)."""
+    applier = _APPLIERS.get(type(patch))
+    if applier is not None:
+        return applier
     for cls in type(patch).__mro__:
         applier = _APPLIERS.get(cls)
         if applier is not None:

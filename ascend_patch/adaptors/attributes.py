@@ -1,4 +1,4 @@
-"""Appliers for the attribute patches: Replace, Add and Wrap.
+"""The applier of the attribute patches: Replace, Add and Wrap.
 
 A target ``"module:attr.path"`` is resolved without binding (``wrapt.resolve_path`` walks
 to the owner); every change is an :class:`AttributeUndo`
@@ -9,6 +9,7 @@ wraps twice.
 
 from __future__ import annotations
 
+import functools
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,11 +17,11 @@ from typing import Any
 import wrapt
 
 from ..patch import Add, AttributePatch, Replace, Wrap
-from .counting import counted
+from ..usage import UsageRecorder
 from .rebind import has_identity, own_dict, rebind_copies, restore_copies
 from .status import ApplyContext, PatchStatus, skip
 
-__all__ = ["MISSING", "AddApplier", "AttributeApplier", "AttributeUndo", "ReplaceApplier", "WrapApplier"]
+__all__ = ["MISSING", "AddValue", "AttributeApplier", "AttributeUndo", "ReplaceValue", "WrapValue", "counted"]
 
 MISSING: Any = object()  # an attribute that is not there
 # id -> every replacement currently installed (kept alive so ids stay unique); a value
@@ -28,7 +29,7 @@ MISSING: Any = object()  # an attribute that is not there
 _LIVE: dict[int, Any] = {}
 
 
-@dataclass
+@dataclass(eq=False)  # compared by identity; no generated __eq__ to build at import
 class AttributeUndo:
     """One applied attribute patch: what to put back, where, and the copies re-bound."""
 
@@ -71,13 +72,8 @@ def resolve(patch: AttributePatch) -> tuple[Any, str, Any]:
     return owner, name, getattr(owner, name, MISSING)
 
 
-class AttributeApplier:
-    """Applies attribute patches once their module is imported; the record types differ in
-    :meth:`unusable` (when the current value rules the patch out) and :meth:`new_value`."""
-
-    def waits_for(self, patch: AttributePatch) -> str | None:
-        """The module to wait for, or None when it is imported already."""
-        return None if patch.module in sys.modules else patch.module
+class ReplaceValue:
+    """How a Replace changes its target: the target must exist; it becomes ``build(original)``."""
 
     def unusable(self, patch: AttributePatch, current: Any) -> tuple[str, bool] | None:
         """(why, whether strict mode makes it fatal) when the current value rules the patch out."""
@@ -87,7 +83,55 @@ class AttributeApplier:
 
     def new_value(self, patch: AttributePatch, own: Any, current: Any) -> Any:
         """What the attribute becomes; ``own`` is the owner's own value (else the inherited one)."""
-        raise NotImplementedError
+        assert isinstance(patch, Replace)
+        return patch.build(current)
+
+
+class AddValue(ReplaceValue):
+    """How an Add changes its target: only a missing one, which becomes ``build(None)``."""
+
+    def unusable(self, patch: AttributePatch, current: Any) -> tuple[str, bool] | None:
+        if current is not MISSING:
+            return "already provided by the target", False
+        return None
+
+    def new_value(self, patch: AttributePatch, own: Any, current: Any) -> Any:
+        assert isinstance(patch, Add)
+        return patch.build(None)
+
+
+class WrapValue(ReplaceValue):
+    """How a Wrap changes its target: it becomes ``wrapt.FunctionWrapper(original, wrapper)``."""
+
+    def new_value(self, patch: AttributePatch, own: Any, current: Any) -> Any:
+        assert isinstance(patch, Wrap)
+        return wrapt.FunctionWrapper(own, patch.wrapper)
+
+
+class AttributeApplier:
+    """Applies Replace, Add and Wrap patches once their module is imported.
+
+    One applier serves the three record types, so that a batch re-binds copies in one
+    pass over ``sys.modules`` (and ``remove()`` puts them back in one); what differs
+    between them is their ``changes`` entry (:class:`ReplaceValue` and its kin).
+    """
+
+    def __init__(self, changes: dict[type[AttributePatch], ReplaceValue]) -> None:
+        self._changes = changes
+
+    def _change(self, patch: AttributePatch) -> ReplaceValue:
+        change = self._changes.get(type(patch))
+        if change is not None:
+            return change
+        for cls in type(patch).__mro__:
+            change = self._changes.get(cls)
+            if change is not None:
+                return change
+        raise TypeError(f"no attribute change for {type(patch).__name__}")
+
+    def waits_for(self, patch: AttributePatch) -> str | None:
+        """The module to wait for, or None when it is imported already."""
+        return None if patch.module in sys.modules else patch.module
 
     def apply(self, statuses: list[PatchStatus], ctx: ApplyContext) -> list[AttributeUndo]:
         """Apply each patch, then re-bind by-value copies of every original in one pass."""
@@ -104,7 +148,8 @@ class AttributeApplier:
             cause = exc.__cause__ if isinstance(exc.__cause__, AttributeError) else exc
             skip(status, f"target missing: {cause}", strict)
             return None
-        unusable = self.unusable(patch, current)
+        change = self._change(patch)
+        unusable = change.unusable(patch, current)
         if unusable is not None:
             why, fatal = unusable
             skip(status, why, strict and fatal)
@@ -116,7 +161,7 @@ class AttributeApplier:
         had_own = name in own
         old = own.get(name, MISSING) if had_own else MISSING
         try:
-            new = counted(patch, self.new_value(patch, old if had_own else current, current), ctx.recorder)
+            new = counted(patch, change.new_value(patch, old if had_own else current, current), ctx.recorder)
             setattr(owner, name, new)
         except Exception as exc:
             skip(status, f"failed: {type(exc).__name__}: {exc}", strict, state="failed")
@@ -135,24 +180,43 @@ class AttributeApplier:
             _LIVE.pop(id(entry.new), None)
 
 
-class ReplaceApplier(AttributeApplier):
-    def new_value(self, patch: AttributePatch, own: Any, current: Any) -> Any:
-        assert isinstance(patch, Replace)
-        return patch.build(current)
+def counted(patch: AttributePatch, new: Any, recorder: UsageRecorder | None) -> Any:
+    """``new``, made to record each call with ``recorder`` (``new`` itself when there is nothing to count).
 
+    With reporting off (no recorder) the replacement is installed as it is: the hot path
+    pays nothing.
+    """
+    if recorder is None or not patch.count_calls:
+        return new
+    api, action = patch.shown_as, patch.action.value
+    if isinstance(new, type):
+        init = new.__init__
 
-class AddApplier(AttributeApplier):
-    def unusable(self, patch: AttributePatch, current: Any) -> tuple[str, bool] | None:
-        if current is not MISSING:
-            return "already provided by the target", False
-        return None
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            recorder.hit(api, action)
+            init(self, *args, **kwargs)
 
-    def new_value(self, patch: AttributePatch, own: Any, current: Any) -> Any:
-        assert isinstance(patch, Add)
-        return patch.build(None)
+        return type(new.__name__, (new,), {"__init__": __init__, "__module__": new.__module__,
+                                           "__qualname__": new.__qualname__})
+    if isinstance(new, property) and new.fget is not None:
+        fget = new.fget
 
+        def counted_get(self: Any) -> Any:
+            recorder.hit(api, action)
+            return fget(self)
 
-class WrapApplier(AttributeApplier):
-    def new_value(self, patch: AttributePatch, own: Any, current: Any) -> Any:
-        assert isinstance(patch, Wrap)
-        return wrapt.FunctionWrapper(own, patch.wrapper)
+        return property(counted_get, new.fset, new.fdel, new.__doc__)
+    if callable(new) and not isinstance(new, (staticmethod, classmethod)):
+        target = new
+
+        # name, docstring and __wrapped__ of the replacement, nothing else (its __dict__ may hold
+        # markers such as torch.compile's, which must not move onto the counting wrapper)
+        @functools.wraps(new, assigned=("__name__", "__doc__"), updated=())
+        def counted_call(*args: Any, **kwargs: Any) -> Any:
+            recorder.hit(api, action)
+            return target(*args, **kwargs)
+
+        if not hasattr(new, "__name__"):
+            counted_call.__name__ = "counted"
+        return counted_call
+    return new

@@ -26,14 +26,16 @@ class PatchStatus:
     rebound: list[str] = field(default_factory=list)
 
 
-@dataclass(frozen=True)
 class ApplyContext:
     """What every applier is given: strictness, the usage recorder (None: reporting off), the
     environment transaction (shared with backend selection; the manager restores it)."""
 
-    strict: bool
-    recorder: UsageRecorder | None
-    env: EnvTransaction
+    __slots__ = ("env", "recorder", "strict")
+
+    def __init__(self, strict: bool, recorder: UsageRecorder | None, env: EnvTransaction) -> None:
+        self.strict = strict
+        self.recorder = recorder
+        self.env = env
 
 
 def skip(status: PatchStatus, why: str, strict: bool, state: str = "skipped") -> None:

@@ -409,11 +409,11 @@ def test_each_record_type_finds_its_applier_and_an_unknown_one_fails_its_plugin(
 
     from ascend_patch.patch import Patch
 
-    @dataclasses.dataclass(frozen=True, kw_only=True)
+    @dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
     class Tagged(Replace):  # a plugin's own record type derived from one the manager knows
         tag: str = "mine"
 
-    @dataclasses.dataclass(frozen=True, kw_only=True)
+    @dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
     class Unknown(Patch):
         pass
 

@@ -1,4 +1,16 @@
-"""``CpuDeviceModule``: what ``torch.cuda.<name>`` becomes on the cpu target, name for name."""
+"""The cpu target's device module: ``torch.cuda``'s API with meaningful host behaviour.
+
+The host is presented as ``device_count()`` virtual devices (the entries of
+``CUDA_VISIBLE_DEVICES`` when set, else ``LOCAL_WORLD_SIZE`` when a launcher set it,
+else 1) so that ``torch.cuda.set_device(local_rank)`` works for every worker; all
+of them are the same host memory. Events really time (wall clock), memory
+statistics come from the process (resident set and its high-water mark), the RNG
+functions act on the generator that host tensors use, and a stream context works
+(there is one execution queue, so waiting and synchronising return at once).
+
+Each public callable carries an ``__ascend_action__`` of ``emulated`` or ``no-op``:
+the migration report says what a call did.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +20,11 @@ from typing import Any
 
 import torch
 
-from .memory import meminfo, peak_rss, reset_peak, rss
-from .nvtx import nvtx
-from .state import check_index, device_index, emulated, noop, state, visible_count
-from .streams import CpuEvent, CpuStream, DeviceContext, StreamContext, default_stream
+from .cpu_host import (CpuEvent, CpuStream, DeviceContext, StreamContext, check_index, default_stream, device_index,
+                       emulated, meminfo, noop, nvtx, peak_rss, reset_peak, rss, state, visible_count)
 
-__all__ = ["CpuDeviceModule", "CpuDeviceProperties"]
+__all__ = ["CpuDeviceModule", "CpuDeviceProperties", "CpuEvent", "CpuStream", "nvtx"]
+
 
 class CpuDeviceProperties:
     def __init__(self, index: int) -> None:
