@@ -1,10 +1,11 @@
 """The applier of the attribute patches: Replace, Add and Wrap.
 
 A target ``"module:attr.path"`` is resolved without binding (``wrapt.resolve_path`` walks
-to the owner); every change is an :class:`AttributeUndo`
-that restores the original by identity, deleting an attribute that was only inherited.
-A value this module installed is recognised at its target, so a second apply never
-wraps twice.
+to the owner); every change is an :class:`AttributeUndo` that restores the original by
+identity, deleting an attribute that was only inherited. A value this module installed
+is recognised at its target, so a second apply never wraps twice. By-value copies of
+each original are re-bound (``rebind.py``), and with reporting on, calls of the new
+value count as uses of the CUDA API (:func:`counted`).
 """
 
 from __future__ import annotations
