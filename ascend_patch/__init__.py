@@ -42,13 +42,9 @@ def apply(settings: Settings | None = None, backend: Backend | None = None) -> R
     """Apply the patch set (settings default to the environment). A second call changes nothing."""
     global _auto_pending
     _auto_pending = False
-    from .adaptors.manager import manager
-    from .adaptors.report import build_report, print_at_exit
+    from .adaptors.report import apply_and_report
 
-    manager.apply(settings, backend)
-    if manager.active and manager.settings is not None and manager.settings.report_enabled:
-        print_at_exit(manager, every_rank=manager.settings.report == "all")
-    return build_report(manager)
+    return apply_and_report(settings, backend)
 
 
 def remove() -> None:
@@ -59,7 +55,10 @@ def remove() -> None:
         from .adaptors.manager import manager
 
         manager.remove()
-    _drop_early_environ()
+    # what `import ascend_patch` carried over before any apply (the manager restored the rest)
+    from .environ import process_environment
+
+    process_environment().restore()
 
 
 @contextlib.contextmanager
@@ -110,24 +109,11 @@ def is_cuda_like(obj: Any) -> bool:
 # -- apply on import ------------------------------------------------------------------
 
 _auto_pending = False
-_early_environ: tuple[tuple[str, str | None], ...] = ()  # CUDA variables carried over at import (see below)
-
-
-def _drop_early_environ() -> None:
-    global _early_environ
-    if _early_environ:
-        from .backend import restore_environment
-
-        restore_environment(_early_environ)
-        _early_environ = ()
 
 
 def _apply_when_torch_imported(_module: Any) -> None:
     if _auto_pending:
-        apply(_auto_settings)
-        backend = active_backend()
-        if backend is None or backend.name != "npu":
-            _drop_early_environ()
+        apply(_auto_settings)  # a target other than npu puts the early carry-over back
 
 
 def cancel_auto_apply() -> None:
@@ -145,10 +131,11 @@ if _auto_settings.enabled:
     else:
         if _auto_settings.device != "cpu":
             # `import torch` autoloads torch_npu, whose runtime reads ASCEND_RT_VISIBLE_DEVICES at once:
-            # carry CUDA_VISIBLE_DEVICES over now; undone if the target turns out not to be npu
-            from .backend import carry_over_environment
+            # carry CUDA_VISIBLE_DEVICES over now, in the process's environment transaction, which
+            # apply() shares and restores if the target turns out not to be npu
+            from .environ import carry_over_cuda_variables, process_environment
 
-            _early_environ = carry_over_environment()
+            carry_over_cuda_variables(process_environment())
         import wrapt
 
         wrapt.register_post_import_hook(_apply_when_torch_imported, "torch")

@@ -14,27 +14,26 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
-from collections.abc import Callable, Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .config import Settings
+from .environ import EnvChanges, EnvTransaction, carry_over_cuda_variables
+from .unsupported import UnsupportedOnTarget
 
 __all__ = [
     "Backend",
     "BackendUnavailable",
-    "ENV_COUNTERPARTS",
     "KernelTable",
     "NPU_KERNEL_NAMES",
     "NPU_TORCH_KERNEL_NAMES",
     "Selection",
     "UnsupportedOnTarget",
     "active_backend",
-    "carry_over_environment",
     "cpu_backend",
     "npu_backend",
     "probe_npu",
-    "restore_environment",
     "select_backend",
     "set_active_backend",
 ]
@@ -53,46 +52,6 @@ NPU_KERNEL_NAMES: tuple[str, ...] = (
 # registers for npu tensors (what ``torch.optim.AdamW(fused=True)`` runs there). Listed in
 # the npu table so the ops' optimizers take them from it (tests inject references).
 NPU_TORCH_KERNEL_NAMES: tuple[str, ...] = ("_fused_adam_", "_fused_adamw_", "_fused_sgd_")
-
-
-# CUDA variable -> the NPU runtime's variable with the same meaning.
-ENV_COUNTERPARTS = {
-    "CUDA_VISIBLE_DEVICES": "ASCEND_RT_VISIBLE_DEVICES",
-    "PYTORCH_CUDA_ALLOC_CONF": "PYTORCH_NPU_ALLOC_CONF",
-    "CUDA_LAUNCH_BLOCKING": "ASCEND_LAUNCH_BLOCKING",
-}
-
-EnvChanges = tuple[tuple[str, "str | None"], ...]
-
-
-def carry_over_environment(environ: MutableMapping[str, str] | None = None) -> EnvChanges:
-    """Give each NPU runtime variable the value of its CUDA counterpart; returns (name, previous) pairs.
-
-    A counterpart that is already set wins. This has to happen before torch_npu is
-    imported and before it is asked for devices: the runtime reads the variables then.
-    """
-    env = os.environ if environ is None else environ
-    changes = []
-    for cuda_name, npu_name in ENV_COUNTERPARTS.items():
-        value = env.get(cuda_name)
-        if value is not None and npu_name not in env:
-            changes.append((npu_name, None))
-            env[npu_name] = value
-    return tuple(changes)
-
-
-def restore_environment(changes: EnvChanges, environ: MutableMapping[str, str] | None = None) -> None:
-    """Undo :func:`carry_over_environment`."""
-    env = os.environ if environ is None else environ
-    for name, before in reversed(changes):
-        if before is None:
-            env.pop(name, None)
-        else:
-            env[name] = before
-
-
-class UnsupportedOnTarget(RuntimeError):
-    """A CUDA API that the target cannot provide; the message names the API and the target."""
 
 
 class BackendUnavailable(RuntimeError):
@@ -177,13 +136,20 @@ def set_active_backend(backend: Backend | None) -> None:
 class Selection:
     """The outcome of backend selection: a backend, or None with the reason nothing applies.
 
-    ``environ``: the NPU runtime variables selection set (name, previous value), so that
-    whoever applies the patches can restore them; empty unless the target is npu.
+    ``env``: the environment transaction selection wrote through. When the target is
+    npu it holds the NPU runtime variables carried over before torch_npu was imported
+    (whoever applies the patches restores them with it); otherwise selection has put
+    back what it set.
     """
 
     backend: Backend | None
     reason: str
-    environ: EnvChanges = ()
+    env: EnvTransaction = field(default_factory=EnvTransaction, compare=False)
+
+    @property
+    def environ(self) -> EnvChanges:
+        """(name, value before) of every variable the transaction holds."""
+        return self.env.changes
 
 
 def cpu_backend(reason: str = "asked for") -> Backend:
@@ -264,28 +230,29 @@ def _real_cuda_devices() -> int:
     return 0
 
 
-def select_backend(settings: Settings) -> Selection:
+def select_backend(settings: Settings, env: EnvTransaction | None = None) -> Selection:
     """Pick the target the settings ask for (see ``ASCEND_PATCH_DEVICE``).
 
     Before torch_npu is imported or probed (npu, auto), the CUDA environment variables
     are carried over to the NPU runtime's (``CUDA_VISIBLE_DEVICES`` ->
-    ``ASCEND_RT_VISIBLE_DEVICES``, ...); when the target turns out not to be npu, the
-    environment is put back as it was.
+    ``ASCEND_RT_VISIBLE_DEVICES``, ...) through ``env`` (a new transaction when None);
+    when the target turns out not to be npu, what selection set is put back.
     """
+    env = EnvTransaction() if env is None else env
     if not settings.enabled:
-        return Selection(None, "ASCEND_PATCH=0: ascend_patch is disabled")
+        return Selection(None, "ASCEND_PATCH=0: ascend_patch is disabled", env)
     if settings.device == "cpu":
-        return Selection(cpu_backend("ASCEND_PATCH_DEVICE=cpu"), "ASCEND_PATCH_DEVICE=cpu")
-    changes = carry_over_environment()
+        return Selection(cpu_backend("ASCEND_PATCH_DEVICE=cpu"), "ASCEND_PATCH_DEVICE=cpu", env)
+    savepoint = env.savepoint()
+    carry_over_cuda_variables(env)
     try:
         selection = _select_npu_or_auto(settings)
     except BaseException:
-        restore_environment(changes)
+        env.restore(savepoint)
         raise
     if selection.backend is None or selection.backend.name != "npu":
-        restore_environment(changes)
-        return selection
-    return replace(selection, environ=changes)
+        env.restore(savepoint)
+    return replace(selection, env=env)
 
 
 def _select_npu_or_auto(settings: Settings) -> Selection:

@@ -7,33 +7,109 @@ ones, which are found through the entry-point group ``ascend_patch``::
     [project.entry-points.ascend_patch]
     myfamily = "myfamily_plugin"
 
-All hooks collect results from every plugin (none is ``firstresult``); a plugin
-that raises is reported with its name and does not stop the others.
+All hooks collect results from every plugin (none is ``firstresult``). ascend_patch
+calls each plugin separately through pluggy, so a plugin that raises is reported with
+its name and does not stop the others, and ``@hookimpl(wrapper=True)`` (or
+``hookwrapper=True``) plugins wrap each plugin's call. Hook arguments are typed with
+the Protocols below, which ascend_patch's own classes satisfy.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pluggy
 
 if TYPE_CHECKING:
-    from .backend import Backend
+    import torch
 
-__all__ = ["PROJECT", "hookimpl", "hookspec", "AscendPatchSpec"]
+    from .config import Settings
+    from .patch import Patch
+
+__all__ = [
+    "PROJECT",
+    "AscendPatchSpec",
+    "CheckpointFormat",
+    "KernelLookup",
+    "ModelSpecLike",
+    "PatchSink",
+    "Target",
+    "hookimpl",
+    "hookspec",
+]
 
 PROJECT = "ascend_patch"
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
 
 
+# -- what hooks receive and return (ascend_patch's own classes satisfy these) -----------------
+
+class KernelLookup(Protocol):
+    """The target's fused kernels by name (:class:`ascend_patch.backend.KernelTable`)."""
+
+    def get(self, name: str) -> Callable[..., Any] | None: ...
+
+    def names(self) -> list[str]: ...
+
+    def __contains__(self, name: object) -> bool: ...
+
+
+class Target(Protocol):
+    """The target a process is patched for (:class:`ascend_patch.backend.Backend`)."""
+
+    name: str  # "npu" or "cpu"
+    device_type: str  # what "cuda" becomes in a torch.device
+    dist_backend: str  # what "nccl" becomes: "hccl" or "gloo"
+    device_module: Any  # shaped like torch.cuda: torch.npu, or the cpu target's emulation
+    kernels: KernelLookup
+    keeps_index: bool  # cuda:N -> npu:N keeps N; the cpu target has one device
+    reason: str
+
+    def device(self, index: int | None = None) -> torch.device:
+        """The torch.device that ``cuda`` / ``cuda:index`` becomes on this target."""
+        ...
+
+
+class PatchSink(Protocol):
+    """What ``ascend_patch_register_patches`` adds its patches to (the manager's registry)."""
+
+    backend: Target
+    settings: Settings
+
+    def add(self, patch: Patch) -> None:
+        """Add one patch (ignored when ``patch.backends`` excludes the target)."""
+        ...
+
+    def extend(self, patches: Iterable[Patch]) -> None:
+        """Add each of ``patches``."""
+        ...
+
+
+class ModelSpecLike(Protocol):
+    """A model family (:class:`ascend_patch.models.registry.ModelSpec`)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def aliases(self) -> tuple[str, ...]: ...
+
+
+class CheckpointFormat(Protocol):
+    """A checkpoint loader or saver (:mod:`ascend_patch.loaders.formats`), found by name or alias."""
+
+    name: str
+    aliases: tuple[str, ...]
+
+
 class AscendPatchSpec:
     """The hook specifications."""
 
     @hookspec
-    def ascend_patch_register_patches(self, registry: Any, backend: Backend) -> None:
-        """Add :class:`ascend_patch.patch.Patch` records with ``registry.add(patch)``.
+    def ascend_patch_register_patches(self, registry: PatchSink, backend: Target) -> None:
+        """Add patch records (:mod:`ascend_patch.patch`) with ``registry.add(patch)``.
 
         Called once per ``apply()``, after the target is chosen, for every plugin.
         ``backend`` is the target; declare per-target behaviour with
@@ -42,7 +118,7 @@ class AscendPatchSpec:
         """
 
     @hookspec
-    def ascend_patch_model_specs(self) -> Iterable[Any]:
+    def ascend_patch_model_specs(self) -> Iterable[ModelSpecLike]:
         """Return model specs (:class:`ascend_patch.models.registry.ModelSpec`).
 
         Called when a spec is first looked up (``--spec``, the converter, ``args``).
@@ -50,14 +126,14 @@ class AscendPatchSpec:
         """
 
     @hookspec
-    def ascend_patch_checkpoint_loaders(self) -> Iterable[Any]:
+    def ascend_patch_checkpoint_loaders(self) -> Iterable[CheckpointFormat]:
         """Return checkpoint loaders (:class:`ascend_patch.loaders.formats.CheckpointLoader`).
 
         Called when the converter first resolves a ``--loader``/``--load-model-type`` name.
         """
 
     @hookspec
-    def ascend_patch_checkpoint_savers(self) -> Iterable[Any]:
+    def ascend_patch_checkpoint_savers(self) -> Iterable[CheckpointFormat]:
         """Return checkpoint savers (:class:`ascend_patch.loaders.formats.CheckpointSaver`).
 
         Called when the converter first resolves a ``--saver``/``--save-model-type`` name.

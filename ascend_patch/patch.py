@@ -1,30 +1,55 @@
-"""The :class:`Patch` record: data only, so any module can declare patches.
+"""Patch records: data only, so any module can declare patches.
 
 ``ops/``, ``comm/``, ``models/`` and third-party plugins build these records and
 hand them to the registry in ``ascend_patch_register_patches``; they never import
-the patch manager, which lives in ``adaptors/``.
+the patch manager, which lives in ``adaptors/``. One record type per way of changing
+a target, each with only the fields it uses:
+
+=============  ==============================================================
+``Replace``    an attribute becomes ``replacement`` (or ``make(original)``)
+``Wrap``       an attribute becomes ``wrapt.FunctionWrapper(original, wrapper)``
+``Add``        a missing attribute is added (left alone when it exists)
+``ModuleShim`` a module importable under ``target`` while the real one is missing
+``EnvVar``     environment variable ``target`` is set to ``make(current value)``
+=============  ==============================================================
 """
 
 from __future__ import annotations
 
 import enum
+import functools
+import types
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import KW_ONLY, dataclass, field, fields
+from typing import Any, ClassVar, TypeVar
 
-__all__ = ["Patch", "PatchKind", "Action", "TARGETS_ALL"]
+__all__ = [
+    "Action",
+    "Add",
+    "AttributePatch",
+    "EnvVar",
+    "ModuleShim",
+    "Patch",
+    "PatchKind",
+    "Replace",
+    "TARGETS_ALL",
+    "Wrap",
+    "replacing",
+]
 
 TARGETS_ALL = frozenset({"npu", "cpu"})
 
+F = TypeVar("F", bound=Callable[..., Any])
+
 
 class PatchKind(str, enum.Enum):
-    """How a patch changes its target. Always stated, never guessed from a name."""
+    """The name of each record type, as reports and tables show it."""
 
-    REPLACE = "replace"  # the attribute becomes `replacement` (or `make(original)`)
-    WRAP = "wrap"  # the attribute becomes wrapt.FunctionWrapper(original, wrapper)
-    ADD = "add"  # a missing attribute is added (left alone when it exists)
-    MODULE = "module"  # a shim module importable under `target` while the real one is missing
-    ENV = "env"  # environment variable `target` is set to make(current value) (None: untouched)
+    REPLACE = "replace"
+    WRAP = "wrap"
+    ADD = "add"
+    MODULE = "module"
+    ENV = "env"
 
 
 class Action(str, enum.Enum):
@@ -36,59 +61,44 @@ class Action(str, enum.Enum):
     UNSUPPORTED = "unsupported"  # raises an error naming the API and the target
 
 
-@dataclass(frozen=True)
-class Patch:
-    """One change to one target.
+# Every method a dataclass generates is an exec when this module is imported, which every
+# `import ascend_patch` does: the bases generate none but the frozen guards, the record types
+# their __init__ too; equality, hashing and repr are written once, in Patch.
+_BASE = dict(frozen=True, init=False, repr=False, eq=False)
+_RECORD = dict(frozen=True, kw_only=True, repr=False, eq=False)
 
-    ``target`` is ``"module:attr.path"`` (``"torch.cuda:set_device"``,
-    ``"torch:Tensor.cuda"``); for MODULE it is the module name, for ENV the
-    variable name. ``versions`` is a PEP 440 specifier checked against the
-    installed version of distribution ``package`` when the patch is applied; out
-    of range, the patch is skipped with that reason.
+
+@dataclass(**_BASE)
+class Patch:
+    """What every patch record has: a target, the reason, the targets and versions it is for.
+
+    ``versions`` is a PEP 440 specifier checked against the installed version of
+    distribution ``package`` when the patch is applied; out of range, the patch is
+    skipped with that reason. Use one of the record types below, not this base.
     """
 
+    kind: ClassVar[PatchKind]
+
     target: str
-    kind: PatchKind
     reason: str
-    replacement: Any = None
-    make: Callable[[Any], Any] | None = None
-    wrapper: Callable[[Any, Any, tuple[Any, ...], dict[str, Any]], Any] | None = None
+    _: KW_ONLY
     backends: frozenset[str] = TARGETS_ALL
     package: str | None = None
     versions: str | None = None
     action: Action = Action.TRANSLATED
     api: str | None = None  # the name the report shows (default: the target)
-    count_calls: bool = True  # every call is a use of a CUDA API (False: the patch counts itself)
-    # MODULE only: top-level packages whose code never gets this shim (to them the package
-    # stays missing), e.g. megatron-core, which reads an importable transformer_engine as a full TE
-    hidden_from: tuple[str, ...] = ()
-    # Re-bind by-value copies of the original in other modules. False when the original is a
-    # shared object whose other references are not copies of this attribute (megatron's
-    # `jit_fuser` *is* `torch.compile`: re-binding would change torch.compile everywhere).
-    rebind: bool = True
     owner: str = field(default="", compare=False)  # set by the registry: the plugin's name
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # the record types generate their own
+        raise TypeError("Patch is the base of the record types: use Replace, Wrap, Add, ModuleShim or EnvVar")
+
     def __post_init__(self) -> None:
-        kind = self.kind
-        if not isinstance(kind, PatchKind):
-            raise TypeError(f"Patch.kind must be a PatchKind, got {kind!r}")
-        if kind in (PatchKind.REPLACE, PatchKind.ADD, PatchKind.MODULE):
-            if (self.replacement is None) == (self.make is None):
-                raise ValueError(f"{kind.value} patch {self.target!r} needs exactly one of replacement= or make=")
-        if kind is PatchKind.WRAP and self.wrapper is None:
-            raise ValueError(f"wrap patch {self.target!r} needs wrapper=")
-        if kind is PatchKind.ENV and self.make is None:
-            raise ValueError(f"env patch {self.target!r} needs make=")
-        if kind in (PatchKind.REPLACE, PatchKind.ADD, PatchKind.WRAP) and ":" not in self.target:
-            raise ValueError(f"patch target {self.target!r} must be 'module:attribute.path'")
-        if self.hidden_from and kind is not PatchKind.MODULE:
-            raise ValueError(f"patch {self.target!r}: hidden_from= is for MODULE patches only")
         if (self.package is None) != (self.versions is None):
             raise ValueError(f"patch {self.target!r}: package= and versions= go together")
 
     @property
     def module(self) -> str:
-        """The module whose import the patch waits for."""
+        """The module whose import the patch waits for (for ModuleShim, the shim's name)."""
         return self.target.split(":", 1)[0]
 
     @property
@@ -99,6 +109,130 @@ class Patch:
     def shown_as(self) -> str:
         return self.api or self.target.replace(":", ".")
 
+    # -- equal by value (the owner aside), hashable, shown with its fields ------------------
+
+    def _key(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, f.name) for f in fields(self) if f.compare)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self._key() == other._key()  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash((type(self), self._key()))
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self) if f.repr)
+        return f"{type(self).__name__}({shown})"
+
+
+@dataclass(**_BASE, kw_only=True)
+class AttributePatch(Patch):
+    """A patch on ``"module:attr.path"`` (``"torch.cuda:set_device"``, ``"torch:Tensor.cuda"``).
+
+    ``count_calls``: every call of the new value is a use of a CUDA API (False: the
+    patch counts itself). ``rebind``: re-bind by-value copies of the original in other
+    modules; False when the original is a shared object whose other references are not
+    copies of this attribute (megatron's ``jit_fuser`` *is* ``torch.compile``).
+    """
+
+    count_calls: bool = True
+    rebind: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if ":" not in self.target:
+            raise ValueError(f"patch target {self.target!r} must be 'module:attribute.path'")
+
+
+@dataclass(**_BASE, kw_only=True)
+class _NewValue(AttributePatch):
+    replacement: Any = None
+    make: Callable[[Any], Any] | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if (self.replacement is None) == (self.make is None):
+            raise ValueError(f"{self.kind.value} patch {self.target!r} needs exactly one of replacement= or make=")
+
     def build(self, original: Any) -> Any:
-        """The new value for REPLACE/ADD/MODULE/ENV patches."""
+        """The new value: ``make(original)``, or ``replacement``."""
         return self.make(original) if self.make is not None else self.replacement
+
+
+@dataclass(**_RECORD)
+class Replace(_NewValue):
+    """The attribute becomes ``replacement``, or ``make(original)``."""
+
+    kind: ClassVar[PatchKind] = PatchKind.REPLACE
+
+
+@dataclass(**_RECORD)
+class Add(_NewValue):
+    """A missing attribute is added (``make`` receives None); one that exists is left alone."""
+
+    kind: ClassVar[PatchKind] = PatchKind.ADD
+
+
+@dataclass(**_RECORD)
+class Wrap(AttributePatch):
+    """The attribute becomes ``wrapt.FunctionWrapper(original, wrapper)``.
+
+    ``wrapper(wrapped, instance, args, kwargs)`` has wrapt's signature.
+    """
+
+    kind: ClassVar[PatchKind] = PatchKind.WRAP
+
+    wrapper: Callable[[Any, Any, tuple[Any, ...], dict[str, Any]], Any]
+
+
+@dataclass(**_RECORD)
+class ModuleShim(Patch):
+    """A shim module importable under ``target`` (a module name) while the real package is missing.
+
+    ``make(name)`` builds the module. ``hidden_from``: top-level packages whose code
+    never gets this shim (to them the package stays missing), e.g. megatron-core,
+    which reads an importable transformer_engine as a full TE.
+    """
+
+    kind: ClassVar[PatchKind] = PatchKind.MODULE
+
+    make: Callable[[str], types.ModuleType]
+    hidden_from: tuple[str, ...] = ()
+
+    def build(self, name: str) -> types.ModuleType:
+        """The shim module served under ``name``."""
+        return self.make(name)
+
+
+@dataclass(**_RECORD)
+class EnvVar(Patch):
+    """Environment variable ``target`` is set to ``make(current value)`` (None: left untouched)."""
+
+    kind: ClassVar[PatchKind] = PatchKind.ENV
+
+    make: Callable[[str | None], str | None]
+
+    def build(self, current: str | None) -> str | None:
+        """The value to set, given the current one (None: leave the variable as it is)."""
+        return self.make(current)
+
+
+def replacing(original: Any) -> Callable[[F], F]:
+    """Decorator for a replacement built around ``original`` (in a ``make(original)``).
+
+    The replacement gets ``__wrapped__`` (``inspect.signature`` and ``inspect.unwrap``
+    see the original) and, when it has no docstring of its own, the original's. Its
+    name and module stay its own, so it still says where it comes from.
+    """
+
+    def mark(replacement: F) -> F:
+        functools.update_wrapper(replacement, original, assigned=(), updated=())
+        if replacement.__doc__ is None:
+            doc = getattr(original, "__doc__", None)
+            if isinstance(doc, str):
+                replacement.__doc__ = doc
+        return replacement
+
+    return mark

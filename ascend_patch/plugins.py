@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pluggy
+from pluggy import HookImpl
 
 from .hookspec import PROJECT, AscendPatchSpec
 
@@ -105,30 +106,69 @@ class PluginManager:
                 warnings.warn(f"ascend_patch: {failure}; the other plugins are unaffected", stacklevel=2)
 
     def call_each(self, hook: str, on_plugin: Callable[[str], None] | None = None,
-                  **kwargs: Any) -> Iterator[tuple[str, Any]]:
-        """Call ``hook`` on each plugin in registration order, yielding (plugin name, result).
+                  **kwargs: object) -> Iterator[tuple[str, Any]]:
+        """Call ``hook`` on each plugin in pluggy's order, yielding (plugin name, result).
 
-        Calling plugins one by one (rather than pluggy's all-at-once call) tells which
-        plugin produced what, and lets a plugin that raises be recorded in
-        :attr:`failures` and skipped while the others still run. ``on_plugin`` is told
-        each plugin's name before its hook runs.
+        Every call goes through pluggy (a subset hook caller holding one plugin and the
+        wrappers), so ``@hookimpl(wrapper=True)`` and old-style hookwrappers wrap each
+        plugin's call, and ``pm.add_hookcall_monitoring`` tracers see every call. One call
+        per plugin tells which plugin produced what, and a hook that raises is recorded in
+        :attr:`failures` under the plugin whose code raised (a wrapper that raises is then
+        left out of the remaining calls) while the others still run. A plugin returning
+        None yields nothing; a wrapper may change or drop a plugin's results. ``on_plugin``
+        is told each plugin's name before its hook runs.
         """
-        caller = getattr(self.pm.hook, hook)
-        for impl in reversed(caller.get_hookimpls()):  # pluggy keeps them last-registered-first
-            wanted = {k: v for k, v in kwargs.items() if k in impl.argnames}
+        impls = getattr(self.pm.hook, hook).get_hookimpls()
+        wrappers = [impl for impl in impls if _is_wrapper(impl)]
+        broken: set[str] = set()
+        for impl in reversed(impls):  # pluggy calls the last registered (and tryfirst) first
+            if _is_wrapper(impl):
+                continue
+            left_out = [other.plugin for other in impls
+                        if (other is not impl and not _is_wrapper(other)) or other.plugin_name in broken]
             if on_plugin is not None:
                 on_plugin(impl.plugin_name)
             try:
-                result = impl.function(**wanted)
+                results = self.pm.subset_hook_caller(hook, left_out)(**kwargs)
             except Exception as exc:
+                culprit = _culprit(exc, [impl, *(w for w in wrappers if w.plugin_name not in broken)]) or impl
+                if culprit is not impl:
+                    broken.add(culprit.plugin_name)
                 self.failures.append(PluginFailure(
-                    impl.plugin_name, self.origins.get(impl.plugin_name, ""), hook,
+                    culprit.plugin_name, self.origins.get(culprit.plugin_name, ""), hook,
                     f"{type(exc).__name__}: {exc}"))
                 continue
-            yield impl.plugin_name, result
+            for result in results:
+                yield impl.plugin_name, result
 
     def names(self) -> list[str]:
         return [name for name, plugin in self.pm.list_name_plugin() if plugin is not None]  # None: blocked
+
+
+def _is_wrapper(impl: HookImpl) -> bool:
+    return bool(impl.wrapper or impl.hookwrapper)
+
+
+def _culprit(exc: BaseException, candidates: list[HookImpl]) -> HookImpl | None:
+    """The hook implementation whose frame is deepest in ``exc``'s traceback (the one that raised).
+
+    A plugin's exception passes through the wrappers around it (pluggy throws it into
+    them), so the deepest implementation frame is the plugin's; an exception a wrapper
+    raises itself has no plugin frame below the wrapper's. Instances of one plugin class
+    share their functions' code, so a method's frame is matched by its ``self`` too.
+    """
+    by_code: dict[Any, list[HookImpl]] = {}
+    for impl in candidates:
+        by_code.setdefault(getattr(impl.function, "__code__", None), []).append(impl)
+    found = None
+    tb = exc.__traceback__
+    while tb is not None:
+        same_code = by_code.get(tb.tb_frame.f_code)
+        if same_code:
+            owner = tb.tb_frame.f_locals.get("self")
+            found = next((i for i in same_code if getattr(i.function, "__self__", None) is owner), same_code[0])
+        tb = tb.tb_next
+    return found
 
 
 _lock = threading.Lock()

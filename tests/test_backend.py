@@ -148,7 +148,7 @@ def test_visible_devices_are_carried_over_before_the_probe(fake_torch_npu, npu_e
     assert npu_env["ASCEND_RT_VISIBLE_DEVICES"] == "2,3"
     assert npu_env["PYTORCH_NPU_ALLOC_CONF"] == "expandable_segments:True"
     assert sel.environ == (("ASCEND_RT_VISIBLE_DEVICES", None), ("PYTORCH_NPU_ALLOC_CONF", None))
-    backend_mod.restore_environment(sel.environ)
+    sel.env.restore()
     assert "ASCEND_RT_VISIBLE_DEVICES" not in npu_env and "PYTORCH_NPU_ALLOC_CONF" not in npu_env
 
 

@@ -8,16 +8,17 @@ import textwrap
 
 import pytest
 
+from ascend_patch.hookspec import hookimpl
 from helpers import child_env
 
 PLUGIN = '''
 from ascend_patch.hookspec import hookimpl
-from ascend_patch.patch import Patch, PatchKind
+from ascend_patch.patch import Replace
 import json
 
 @hookimpl
 def ascend_patch_register_patches(registry, backend):
-    registry.add(Patch("json:dumps", PatchKind.REPLACE, "third-party test patch",
+    registry.add(Replace("json:dumps", "third-party test patch",
                        replacement=lambda *a, **k: "patched-by-{name} on " + backend.name))
 '''
 
@@ -80,12 +81,12 @@ def test_plugins_can_be_disabled_by_name(plugin_path):
 
 SKIPPY = '''
 from ascend_patch.hookspec import hookimpl
-from ascend_patch.patch import Patch, PatchKind
+from ascend_patch.patch import Replace
 
 @hookimpl
 def ascend_patch_register_patches(registry, backend):
-    registry.add(Patch("json:no_such_function", PatchKind.REPLACE, "a target that is not there", replacement=len))
-    registry.add(Patch("json:loads", PatchKind.REPLACE, "for an old pluggy only", replacement=len,
+    registry.add(Replace("json:no_such_function", "a target that is not there", replacement=len))
+    registry.add(Replace("json:loads", "for an old pluggy only", replacement=len,
                        package="pluggy", versions="<0.1"))
 '''
 
@@ -117,3 +118,137 @@ def test_report_command_lists_patches(plugin_path):
     assert row("json.loads", "skipped", "skippy", f"pluggy {pluggy.__version__} is outside the checked range <0.1"), out
     summary = re.search(r"patches: (\d+) applied, (\d+) deferred, (\d+) skipped", out)
     assert summary and int(summary.group(2)) >= 1 and int(summary.group(3)) >= 2, out
+
+
+# -- hook calls go through pluggy: wrappers, tracing, failure isolation --------------------
+
+class _Specs:
+    """A plugin whose model-specs hook returns ``specs`` (or raises ``error``)."""
+
+    def __init__(self, specs=(), error=None):
+        self.specs, self.error = list(specs), error
+
+    @hookimpl
+    def ascend_patch_model_specs(self):
+        if self.error is not None:
+            raise self.error
+        return self.specs
+
+
+@pytest.fixture
+def bare_pm():
+    from ascend_patch.plugins import PluginManager
+
+    return PluginManager(entry_points=False, builtins=False)
+
+
+def test_a_new_style_wrapper_wraps_each_plugins_call(bare_pm):
+    seen = []
+
+    class Upper:
+        @hookimpl(wrapper=True)
+        def ascend_patch_model_specs(self):
+            results = yield
+            seen.append(results)
+            return [[name.upper() for name in specs] for specs in results]
+
+    bare_pm.register(_Specs(["a1"]), "a", origin="dist-a")
+    bare_pm.register(_Specs(["b1", "b2"]), "b", origin="dist-b")
+    bare_pm.register(Upper(), "upper", origin="dist-upper")
+    got = list(bare_pm.call_each("ascend_patch_model_specs"))
+    assert got == [("b", ["B1", "B2"]), ("a", ["A1"])]  # pluggy's order: last registered first
+    assert seen == [[["b1", "b2"]], [["a1"]]]  # one call per plugin, each wrapped
+    assert bare_pm.failures == []
+
+
+def test_an_old_style_hookwrapper_can_drop_a_plugins_result(bare_pm):
+    class DropB:
+        @hookimpl(hookwrapper=True)
+        def ascend_patch_model_specs(self):
+            outcome = yield
+            outcome.force_result([specs for specs in outcome.get_result() if "b1" not in specs])
+
+    bare_pm.register(_Specs(["a1"]), "a")
+    bare_pm.register(_Specs(["b1"]), "b")
+    bare_pm.register(DropB(), "drop_b")
+    assert list(bare_pm.call_each("ascend_patch_model_specs")) == [("a", ["a1"])]
+
+
+def test_a_tracing_monitor_sees_every_plugin_call(bare_pm):
+    calls, outcomes = [], []
+    bare_pm.register(_Specs(["a1"]), "a")
+    bare_pm.register(_Specs(["b1"]), "b")
+    undo = bare_pm.pm.add_hookcall_monitoring(
+        lambda name, impls, kwargs: calls.append((name, [i.plugin_name for i in impls])),
+        lambda outcome, name, impls, kwargs: outcomes.append(outcome.get_result()))
+    try:
+        list(bare_pm.call_each("ascend_patch_model_specs"))
+    finally:
+        undo()
+    assert calls == [("ascend_patch_model_specs", ["b"]), ("ascend_patch_model_specs", ["a"])]
+    assert outcomes == [[["b1"]], [["a1"]]]
+
+
+def test_a_raising_plugin_is_recorded_and_the_others_still_run(bare_pm):
+    seen = []
+
+    class Watch:
+        @hookimpl(wrapper=True)
+        def ascend_patch_model_specs(self):
+            try:
+                results = yield
+            except Exception as exc:  # a wrapper sees the plugin's exception, then lets it go on
+                seen.append(repr(exc))
+                raise
+            seen.append(results)
+            return results
+
+    bare_pm.register(_Specs(["a1"]), "a", origin="dist-a")
+    bare_pm.register(_Specs(error=RuntimeError("no specs today")), "bad", origin="bad-dist")
+    bare_pm.register(_Specs(["c1"]), "c", origin="dist-c")
+    bare_pm.register(Watch(), "watch", origin="dist-watch")
+    assert list(bare_pm.call_each("ascend_patch_model_specs")) == [("c", ["c1"]), ("a", ["a1"])]
+    assert [str(f) for f in bare_pm.failures] == [
+        "plugin 'bad' (distribution bad-dist) failed in ascend_patch_model_specs: RuntimeError: no specs today"]
+    assert seen == [[["c1"]], "RuntimeError('no specs today')", [["a1"]]]
+
+
+def test_a_raising_wrapper_is_recorded_once_and_left_out_afterwards(bare_pm):
+    calls = []
+
+    class Broken:
+        @hookimpl(wrapper=True)
+        def ascend_patch_model_specs(self):
+            calls.append("wrapper")
+            yield
+            raise ValueError("wrapper bug")
+
+    bare_pm.register(_Specs(["a1"]), "a")
+    bare_pm.register(_Specs(["b1"]), "b")
+    bare_pm.register(Broken(), "broken_wrapper", origin="wrapper-dist")
+    # b's call ran inside the broken wrapper (its result is lost with it); a's runs without it
+    assert list(bare_pm.call_each("ascend_patch_model_specs")) == [("a", ["a1"])]
+    assert calls == ["wrapper"]
+    assert [(f.plugin, f.distribution, f.error) for f in bare_pm.failures] == [
+        ("broken_wrapper", "wrapper-dist", "ValueError: wrapper bug")]
+
+
+def test_a_wrapper_plugin_no_longer_breaks_the_spec_registry():
+    """A pass-through wrapper used to be called as a plain function: its generator's None became a spec."""
+    from ascend_patch import plugins
+    from ascend_patch.models.registry import get_spec_registry
+
+    class PassThrough:
+        @hookimpl(wrapper=True)
+        def ascend_patch_model_specs(self):
+            return (yield)
+
+    pm = plugins.PluginManager(entry_points=False)
+    pm.register(PassThrough(), "pass_through")
+    previous = plugins.reset_plugin_manager(pm)
+    try:
+        registry = get_spec_registry(refresh=True)
+        assert registry.get("qwen3").owner == "models" and pm.failures == []
+    finally:
+        plugins.reset_plugin_manager(previous)
+        get_spec_registry(refresh=True)

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from ..backend import Backend
-from ..patch import Patch, PatchKind
+from ..patch import Patch, Replace, replacing
 from ..usage import note
 from ..devices import DeviceMap
 
@@ -36,6 +36,7 @@ def amp_patches(target: Backend, dmap: DeviceMap) -> list[Patch]:
     gpu = _GpuDtype()
 
     def autocast_init(original: Any) -> Any:
+        @replacing(original)
         def __init__(self: Any, device_type: str, dtype: Any = None, enabled: bool = True,
                      cache_enabled: Any = None) -> None:
             if _is_cuda(device_type):
@@ -45,7 +46,6 @@ def amp_patches(target: Backend, dmap: DeviceMap) -> list[Patch]:
                     dtype = gpu.dtype
             original(self, device_type, dtype, enabled, cache_enabled)
 
-        __init__.__wrapped__ = original  # type: ignore[attr-defined]
         return __init__
 
     def is_autocast_enabled(original: Any) -> Any:
@@ -96,40 +96,39 @@ def amp_patches(target: Backend, dmap: DeviceMap) -> list[Patch]:
         return available
 
     def custom(original: Any) -> Any:
+        @replacing(original)
         def decorator(fwd: Any = None, *, device_type: str, **kwargs: Any) -> Any:
             if _is_cuda(device_type):
                 note(f"torch.amp.{original.__name__}(device_type='cuda')")
             return original(fwd, device_type=dmap.device_type_name(device_type), **kwargs)
 
-        decorator.__wrapped__ = original  # type: ignore[attr-defined]
-        decorator.__doc__ = original.__doc__
         return decorator
 
     def scaler_init(original: Any) -> Any:
+        @replacing(original)
         def __init__(self: Any, device: str = "cuda", *args: Any, **kwargs: Any) -> None:
             if _is_cuda(device):
                 note("torch.amp.GradScaler('cuda')")
             original(self, dmap.device_type_name(device), *args, **kwargs)
 
-        __init__.__wrapped__ = original  # type: ignore[attr-defined]
         return __init__
 
     why = "CUDA autocast onto the target, keeping CUDA's float16 default"
     return [
-        Patch("torch.amp.autocast_mode:autocast.__init__", PatchKind.REPLACE, why, make=autocast_init,
-              api="torch.autocast('cuda')", count_calls=False),
-        Patch("torch:is_autocast_enabled", PatchKind.REPLACE, why, make=is_autocast_enabled, count_calls=False),
-        Patch("torch:set_autocast_enabled", PatchKind.REPLACE, why, make=set_autocast_enabled, count_calls=False),
-        Patch("torch:get_autocast_dtype", PatchKind.REPLACE, why, make=get_autocast_dtype, count_calls=False),
-        Patch("torch:set_autocast_dtype", PatchKind.REPLACE, why, make=set_autocast_dtype, count_calls=False),
-        Patch("torch:get_autocast_gpu_dtype", PatchKind.REPLACE, why, replacement=get_gpu_dtype),
-        Patch("torch:set_autocast_gpu_dtype", PatchKind.REPLACE, why, replacement=set_gpu_dtype),
-        Patch("torch.amp.autocast_mode:is_autocast_available", PatchKind.REPLACE, why, make=is_available, count_calls=False),
-        Patch("torch.amp.autocast_mode:custom_fwd", PatchKind.REPLACE, why, make=custom,
-              api="torch.amp.custom_fwd(device_type='cuda')", count_calls=False),
-        Patch("torch.amp.autocast_mode:custom_bwd", PatchKind.REPLACE, why, make=custom,
-              api="torch.amp.custom_bwd(device_type='cuda')", count_calls=False),
-        Patch("torch.amp.grad_scaler:GradScaler.__init__", PatchKind.REPLACE,
-              "gradient scaling on the target", make=scaler_init, api="torch.amp.GradScaler('cuda')",
-              count_calls=False),
+        Replace("torch.amp.autocast_mode:autocast.__init__", why, make=autocast_init,
+                api="torch.autocast('cuda')", count_calls=False),
+        Replace("torch:is_autocast_enabled", why, make=is_autocast_enabled, count_calls=False),
+        Replace("torch:set_autocast_enabled", why, make=set_autocast_enabled, count_calls=False),
+        Replace("torch:get_autocast_dtype", why, make=get_autocast_dtype, count_calls=False),
+        Replace("torch:set_autocast_dtype", why, make=set_autocast_dtype, count_calls=False),
+        Replace("torch:get_autocast_gpu_dtype", why, replacement=get_gpu_dtype),
+        Replace("torch:set_autocast_gpu_dtype", why, replacement=set_gpu_dtype),
+        Replace("torch.amp.autocast_mode:is_autocast_available", why, make=is_available, count_calls=False),
+        Replace("torch.amp.autocast_mode:custom_fwd", why, make=custom,
+                api="torch.amp.custom_fwd(device_type='cuda')", count_calls=False),
+        Replace("torch.amp.autocast_mode:custom_bwd", why, make=custom,
+                api="torch.amp.custom_bwd(device_type='cuda')", count_calls=False),
+        Replace("torch.amp.grad_scaler:GradScaler.__init__",
+                "gradient scaling on the target", make=scaler_init, api="torch.amp.GradScaler('cuda')",
+                count_calls=False),
     ]

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..backend import Backend
-from ..patch import Patch, PatchKind
+from ..patch import Patch, Replace, replacing
 
 __all__ = ["FLAG_COUNTERPARTS", "backend_flag_patches"]
 
@@ -33,12 +33,12 @@ def _switch_group(device_module: Any, group: str) -> Any:
 
 def _cublas_getattr(switches: Any) -> Any:
     def make(original: Any) -> Any:
+        @replacing(original)
         def __getattr__(self: Any, name: str) -> Any:
             if name == "allow_tf32":
                 return switches.allow_hf32
             return original(self, name)
 
-        __getattr__.__wrapped__ = original  # type: ignore[attr-defined]
         return __getattr__
 
     return make
@@ -46,13 +46,13 @@ def _cublas_getattr(switches: Any) -> Any:
 
 def _cublas_setattr(switches: Any) -> Any:
     def make(original: Any) -> Any:
+        @replacing(original)
         def __setattr__(self: Any, name: str, value: Any) -> Any:
             if name == "allow_tf32":
                 switches.allow_hf32 = bool(value)
                 return None
             return original(self, name, value)
 
-        __setattr__.__wrapped__ = original  # type: ignore[attr-defined]
         return __setattr__
 
     return make
@@ -77,17 +77,17 @@ def backend_flag_patches(target: Backend) -> list[Patch]:
     if matmul is not None:
         why = "torch.backends.cuda.matmul.allow_tf32 reads and sets torch.npu.matmul.allow_hf32"
         patches += [
-            Patch("torch.backends.cuda:cuBLASModule.__getattr__", PatchKind.REPLACE, why,
-                  make=_cublas_getattr(matmul), backends=_NPU_ONLY, count_calls=False,
-                  api="torch.backends.cuda.matmul.allow_tf32 (read)"),
-            Patch("torch.backends.cuda:cuBLASModule.__setattr__", PatchKind.REPLACE, why,
-                  make=_cublas_setattr(matmul), backends=_NPU_ONLY, count_calls=False,
-                  api="torch.backends.cuda.matmul.allow_tf32"),
+            Replace("torch.backends.cuda:cuBLASModule.__getattr__", why,
+                    make=_cublas_getattr(matmul), backends=_NPU_ONLY, count_calls=False,
+                    api="torch.backends.cuda.matmul.allow_tf32 (read)"),
+            Replace("torch.backends.cuda:cuBLASModule.__setattr__", why,
+                    make=_cublas_setattr(matmul), backends=_NPU_ONLY, count_calls=False,
+                    api="torch.backends.cuda.matmul.allow_tf32"),
         ]
     conv = _switch_group(target.device_module, "conv")
     if conv is not None:
-        patches.append(Patch("torch.backends.cudnn:CudnnModule.allow_tf32", PatchKind.REPLACE,
-                             "torch.backends.cudnn.allow_tf32 reads and sets torch.npu.conv.allow_hf32",
-                             replacement=_conv_flag(conv), backends=_NPU_ONLY, count_calls=False,
-                             api="torch.backends.cudnn.allow_tf32"))
+        patches.append(Replace("torch.backends.cudnn:CudnnModule.allow_tf32",
+                               "torch.backends.cudnn.allow_tf32 reads and sets torch.npu.conv.allow_hf32",
+                               replacement=_conv_flag(conv), backends=_NPU_ONLY, count_calls=False,
+                               api="torch.backends.cudnn.allow_tf32"))
     return patches

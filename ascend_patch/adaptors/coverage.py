@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from ..patch import PatchKind
+from ..patch import Add, EnvVar, ModuleShim
 from .report import Report
 
 __all__ = ["coverage_markdown", "replace_table"]
@@ -39,7 +39,7 @@ def _npu_column(target: str, backends: frozenset[str]) -> str:
 def _rows_not_in_the_cpu_table() -> list[tuple[str, str, str]]:
     """Entry points the cpu patch table cannot show: npu-only patches, environment variables, and
     ``torch.cuda.amp``, which works through the autocast / GradScaler / custom_fwd patches."""
-    from ..backend import ENV_COUNTERPARTS
+    from ..environ import ENV_COUNTERPARTS
     from .backend_flags import FLAG_COUNTERPARTS
 
     rows = []
@@ -65,12 +65,12 @@ def coverage_markdown(report: Report) -> str:
     rows: list[tuple[str, str, str, str]] = []
     for status in report.statuses:
         patch = status.patch
-        if patch.kind is PatchKind.ENV or patch.kind is PatchKind.MODULE:
+        if isinstance(patch, (EnvVar, ModuleShim)):
             continue
         if "translate device=" in patch.reason:
             groups["factory"].append(patch.shown_as)
             continue
-        if patch.kind is PatchKind.ADD and status.detail == "already provided by the target":
+        if isinstance(patch, Add) and status.detail == "already provided by the target":
             continue  # the thing it would add is there: nothing to cover
         action = patch.action.value
         cpu = f"{_CPU_ACTION.get(action, action)}: {patch.reason}"

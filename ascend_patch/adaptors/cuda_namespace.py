@@ -18,7 +18,7 @@ import torch
 from ..backend import Backend, UnsupportedOnTarget
 from ..config import Settings
 from ..cpu_device import nvtx
-from ..patch import Action, Patch, PatchKind
+from ..patch import Action, Patch, Replace
 
 __all__ = ["cuda_namespace_patches", "unsupported", "UnsupportedOnTarget"]
 
@@ -84,25 +84,25 @@ def cuda_namespace_patches(target: Backend, settings: Settings) -> list[Patch]:
             continue  # already what the target says (has_half = True)
         if provided is not _MISSING:
             action = Action(getattr(provided, "__ascend_action__", provided_action.value))
-            patches.append(Patch(f"torch.cuda:{name}", PatchKind.REPLACE,
-                                 f"onto {target.name}'s device module", replacement=provided,
-                                 action=action, api=api))
+            patches.append(Replace(f"torch.cuda:{name}",
+                                   f"onto {target.name}'s device module", replacement=provided,
+                                   action=action, api=api))
         elif callable(obj):
-            patches.append(Patch(f"torch.cuda:{name}", PatchKind.REPLACE,
-                                 f"no {target.name} counterpart: raises naming the API",
-                                 replacement=unsupported(api, target.name, obj),
-                                 action=Action.UNSUPPORTED, api=api))
+            patches.append(Replace(f"torch.cuda:{name}",
+                                   f"no {target.name} counterpart: raises naming the API",
+                                   replacement=unsupported(api, target.name, obj),
+                                   action=Action.UNSUPPORTED, api=api))
     available = settings.cuda_is_available
 
     def is_available() -> bool:
         return available
 
-    patches.append(Patch("torch.cuda:is_available", PatchKind.REPLACE,
-                         "CUDA code paths run on the target (ASCEND_PATCH_CUDA_IS_AVAILABLE)",
-                         replacement=is_available, action=Action.EMULATED, api="torch.cuda.is_available"))
+    patches.append(Replace("torch.cuda:is_available",
+                           "CUDA code paths run on the target (ASCEND_PATCH_CUDA_IS_AVAILABLE)",
+                           replacement=is_available, action=Action.EMULATED, api="torch.cuda.is_available"))
     for name in _NVTX:
-        patches.append(Patch(f"torch.cuda.nvtx:{name}", PatchKind.REPLACE,
-                             "nvtx ranges become profiler ranges (torch.profiler.record_function)",
-                             replacement=getattr(nvtx, name), action=Action.EMULATED,
-                             api=f"torch.cuda.nvtx.{name}"))
+        patches.append(Replace(f"torch.cuda.nvtx:{name}",
+                               "nvtx ranges become profiler ranges (torch.profiler.record_function)",
+                               replacement=getattr(nvtx, name), action=Action.EMULATED,
+                               api=f"torch.cuda.nvtx.{name}"))
     return patches

@@ -16,7 +16,7 @@ import inspect
 from typing import Any
 
 from ..backend import Backend
-from ..patch import Action, Patch, PatchKind
+from ..patch import Action, Patch, Replace, replacing
 from ..usage import note
 
 __all__ = ["data_patches"]
@@ -25,6 +25,7 @@ __all__ = ["data_patches"]
 def _dataloader_init(original: Any, on_cpu: bool) -> Any:
     signature = inspect.signature(original)
 
+    @replacing(original)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         bound = signature.bind(self, *args, **kwargs)
         arguments = bound.arguments
@@ -37,7 +38,6 @@ def _dataloader_init(original: Any, on_cpu: bool) -> Any:
             arguments["pin_memory_device"] = ""
         original(*bound.args, **bound.kwargs)
 
-    __init__.__wrapped__ = original  # type: ignore[attr-defined]
     return __init__
 
 
@@ -49,10 +49,10 @@ def data_patches(target: Backend) -> list[Patch]:
         return device_type
 
     return [
-        Patch("torch.utils.data.dataloader:DataLoader.__init__", PatchKind.REPLACE,
-              "pin memory for the target (nothing to pin for on the host)",
-              make=lambda orig: _dataloader_init(orig, on_cpu), count_calls=False),
-        Patch("torch._utils:_get_available_device_type", PatchKind.REPLACE,
-              "torch's accelerator probe (DataParallel) answers the target", replacement=available_device_type,
-              action=Action.EMULATED, count_calls=False),
+        Replace("torch.utils.data.dataloader:DataLoader.__init__",
+                "pin memory for the target (nothing to pin for on the host)",
+                make=lambda orig: _dataloader_init(orig, on_cpu), count_calls=False),
+        Replace("torch._utils:_get_available_device_type",
+                "torch's accelerator probe (DataParallel) answers the target", replacement=available_device_type,
+                action=Action.EMULATED, count_calls=False),
     ]

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from ..hookspec import hookimpl
+from ..hookspec import PatchSink, Target, hookimpl
 
 __all__ = ["ascend_patch_register_patches"]
 
 
 @hookimpl
-def ascend_patch_register_patches(registry: Any, backend: Any) -> None:
+def ascend_patch_register_patches(registry: PatchSink, backend: Target) -> None:
     from . import (amp, backend_flags, cuda_namespace, data, environment, factories, generator, legacy,
                    loading, processes, tensors)
     from ..devices import DeviceMap

@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from ..patch import Action, Patch, PatchKind
-from .. import usage
+from ..patch import Action, Patch, Replace
+from ..usage import active_recorder
 from ..devices import NOT_A_DEVICE, DeviceMap
 
 __all__ = ["derive_device_functions", "factory_patches", "device_kwarg_wrapper"]
@@ -96,7 +96,7 @@ def device_kwarg_wrapper(original: Callable[..., Any], dmap: DeviceMap, api: str
     lookup = dmap.lookup
     cached = dmap.cache.get
     missing = object()
-    recorder = usage.active_recorder()
+    recorder = active_recorder()
     if recorder is None:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             if not kwargs:
@@ -128,8 +128,8 @@ def device_kwarg_wrapper(original: Callable[..., Any], dmap: DeviceMap, api: str
                 return _made_pinned(original, args, kwargs)
             return original(*args, **kwargs)
 
+    # name, docstring and __wrapped__ (inspect.signature sees the original)
     functools.update_wrapper(wrapper, original, assigned=("__name__", "__qualname__", "__doc__"), updated=())
-    wrapper.__wrapped__ = original  # type: ignore[attr-defined]
     return wrapper
 
 
@@ -169,8 +169,8 @@ def factory_patches(dmap: DeviceMap) -> list[Patch]:
         api = f"{module}.{attr}"
         op = attr.rsplit(".", 1)[-1]  # Tensor.new_empty -> new_empty
         pinning = on_host and module == "torch" and (op in _PYTHON_PIN or _has_device_arg(f"aten::{op}", "pin_memory"))
-        patches.append(Patch(
-            target=f"{module}:{attr}", kind=PatchKind.REPLACE, make=make(api, pinning),
+        patches.append(Replace(
+            target=f"{module}:{attr}", make=make(api, pinning),
             reason="translate device='cuda'/'cuda:N'/torch.device('cuda') onto the target",
             api=api, count_calls=False))
     return patches

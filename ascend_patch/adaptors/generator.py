@@ -11,15 +11,15 @@ from typing import Any
 
 import torch
 
-from ..patch import Patch, PatchKind
-from .. import usage
+from ..patch import Patch, Replace
+from ..usage import active_recorder
 from ..devices import NOT_A_DEVICE, DeviceMap
 
 __all__ = ["generator_patches"]
 
 
 def _generator_class(original: type, dmap: DeviceMap) -> type:
-    recorder = usage.active_recorder()
+    recorder = active_recorder()
 
     class _GeneratorMeta(type):
         def __call__(cls, device: Any = "cpu") -> Any:
@@ -44,6 +44,6 @@ def _generator_class(original: type, dmap: DeviceMap) -> type:
 
 
 def generator_patches(dmap: DeviceMap) -> list[Patch]:
-    return [Patch("torch:Generator", PatchKind.REPLACE, "generators on the target device",
-                  make=lambda orig: _generator_class(orig, dmap), api="torch.Generator",
-                  count_calls=False)]
+    return [Replace("torch:Generator", "generators on the target device",
+                    make=lambda orig: _generator_class(orig, dmap), api="torch.Generator",
+                    count_calls=False)]

@@ -19,8 +19,8 @@ import torch
 
 from ..backend import Backend
 from ..devices import DeviceMap
-from ..patch import Patch, PatchKind
-from .. import usage
+from ..patch import Patch, Replace, replacing
+from ..usage import note
 
 __all__ = ["legacy_patches", "legacy_type_names"]
 
@@ -48,7 +48,7 @@ def _legacy_type(name: str, dtype: torch.dtype, target: Backend, dmap: DeviceMap
 
     class _LegacyType(type):
         def __call__(cls, *args: Any, device: Any = None) -> torch.Tensor:
-            usage.note(api)
+            note(api)
             tensor = host_type(*args)
             where = destination(device)
             return tensor if tensor.device == where else tensor.to(where)
@@ -67,25 +67,25 @@ def _legacy_type(name: str, dtype: torch.dtype, target: Backend, dmap: DeviceMap
 
 
 def _device_context_init(original: Any, dmap: DeviceMap) -> Any:
+    @replacing(original)
     def __init__(self: Any, device: Any) -> None:
         mapped = dmap(device)
         if mapped is not device:
-            usage.note('with torch.device("cuda")')
+            note('with torch.device("cuda")')
         original(self, mapped)
 
-    __init__.__wrapped__ = original  # type: ignore[attr-defined]
     return __init__
 
 
 def legacy_patches(target: Backend, dmap: DeviceMap) -> list[Patch]:
     """The legacy ``torch.cuda.*Tensor`` types and torch's DeviceContext, for ``target``."""
-    patches = [Patch("torch.utils._device:DeviceContext.__init__", PatchKind.REPLACE,
-                     "with torch.device('cuda') / set_default_device place factories on the target",
-                     make=lambda orig: _device_context_init(orig, dmap),
-                     api='with torch.device("cuda")', count_calls=False)]
+    patches = [Replace("torch.utils._device:DeviceContext.__init__",
+                       "with torch.device('cuda') / set_default_device place factories on the target",
+                       make=lambda orig: _device_context_init(orig, dmap),
+                       api='with torch.device("cuda")', count_calls=False)]
     for name in legacy_type_names():
         dtype = getattr(torch.cuda, name).dtype
-        patches.append(Patch(f"torch.cuda:{name}", PatchKind.REPLACE,
-                             "the legacy constructor builds on the target; isinstance holds for target tensors",
-                             replacement=_legacy_type(name, dtype, target, dmap), count_calls=False))
+        patches.append(Replace(f"torch.cuda:{name}",
+                               "the legacy constructor builds on the target; isinstance holds for target tensors",
+                               replacement=_legacy_type(name, dtype, target, dmap), count_calls=False))
     return patches

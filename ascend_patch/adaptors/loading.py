@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..patch import Patch, PatchKind
+from ..patch import Patch, Wrap
 from ..devices import NOT_A_DEVICE, DeviceMap
 
 __all__ = ["load_patches", "translate_map_location"]
@@ -46,16 +46,19 @@ def translate_map_location(map_location: Any, dmap: DeviceMap) -> Any:
     return map_location if mapped is NOT_A_DEVICE else mapped
 
 
-def _load_wrapper(original: Any, dmap: DeviceMap) -> Any:
-    def load(f: Any, map_location: Any = None, *args: Any, **kwargs: Any) -> Any:
-        return original(f, translate_map_location(map_location, dmap), *args, **kwargs)
+def _load_wrapper(dmap: DeviceMap) -> Any:
+    """A wrapt wrapper for ``torch.load(f, map_location=None, ...)``: only map_location changes."""
 
-    load.__wrapped__ = original  # type: ignore[attr-defined]
-    load.__doc__ = original.__doc__
+    def load(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if len(args) > 1:
+            args = (args[0], translate_map_location(args[1], dmap), *args[2:])
+        else:
+            kwargs["map_location"] = translate_map_location(kwargs.get("map_location"), dmap)
+        return wrapped(*args, **kwargs)
+
     return load
 
 
 def load_patches(dmap: DeviceMap) -> list[Patch]:
-    return [Patch("torch.serialization:load", PatchKind.REPLACE,
-                  "storages saved on cuda:N are restored onto the target",
-                  make=lambda orig: _load_wrapper(orig, dmap), api="torch.load")]
+    return [Wrap("torch.serialization:load", "storages saved on cuda:N are restored onto the target",
+                 wrapper=_load_wrapper(dmap), api="torch.load")]

@@ -12,7 +12,7 @@ import os
 from typing import Any
 
 from ..config import Settings
-from ..patch import Patch, PatchKind
+from ..patch import Patch, Wrap
 
 __all__ = ["PatchedEntry", "process_patches"]
 
@@ -26,22 +26,19 @@ class PatchedEntry:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         os.environ.update(self.environ)
-        import ascend_patch
+        from .report import apply_and_report
 
-        ascend_patch.apply()
+        apply_and_report()  # what ascend_patch.apply() does, from the layer that implements it
         return self.fn(*args, **kwargs)
 
 
 def process_patches(settings: Settings) -> list[Patch]:
-    def start_processes(original: Any) -> Any:
-        def start(fn: Any, *args: Any, **kwargs: Any) -> Any:
-            if not isinstance(fn, PatchedEntry):
-                fn = PatchedEntry(fn, settings.to_environ())
-            return original(fn, *args, **kwargs)
+    def start_processes(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if args and not isinstance(args[0], PatchedEntry):
+            args = (PatchedEntry(args[0], settings.to_environ()), *args[1:])
+        elif "fn" in kwargs and not isinstance(kwargs["fn"], PatchedEntry):
+            kwargs["fn"] = PatchedEntry(kwargs["fn"], settings.to_environ())
+        return wrapped(*args, **kwargs)
 
-        start.__wrapped__ = original  # type: ignore[attr-defined]
-        return start
-
-    return [Patch("torch.multiprocessing.spawn:start_processes", PatchKind.REPLACE,
-                  "spawned workers apply ascend_patch before running", make=start_processes,
-                  count_calls=False)]
+    return [Wrap("torch.multiprocessing.spawn:start_processes", "spawned workers apply ascend_patch before running",
+                 wrapper=start_processes, count_calls=False)]

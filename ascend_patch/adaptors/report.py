@@ -14,10 +14,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TextIO
 
+from ..backend import Backend
+from ..config import Settings
 from ..usage import ApiUse
-from .manager import PatchManager, PatchStatus
+from .manager import PatchManager, PatchStatus, manager
 
-__all__ = ["Report", "build_report", "print_at_exit"]
+__all__ = ["Report", "apply_and_report", "build_report", "print_at_exit"]
 
 
 def _table(headers: list[str], rows: list[list[str]], limits: dict[int, int] | None = None) -> str:
@@ -120,3 +122,11 @@ def print_at_exit(manager: PatchManager, every_rank: bool, stream: TextIO | None
         print("\n".join([header, report.summary(), "", report.usage_table(), ""]), file=out, flush=True)
 
     atexit.register(emit)
+
+
+def apply_and_report(settings: Settings | None = None, backend: Backend | None = None) -> Report:
+    """Apply the process's patch set (see ``ascend_patch.apply``) and arrange the report at exit."""
+    manager.apply(settings, backend)
+    if manager.active and manager.settings is not None and manager.settings.report_enabled:
+        print_at_exit(manager, every_rank=manager.settings.report == "all")
+    return build_report(manager)

@@ -6,7 +6,7 @@ it is (``importlib.util.find_spec("flash_attn").origin`` names ascend_patch), a
 name the shim does not provide raises :class:`ShimMissing` naming the API and
 what to use instead, and :meth:`ShimFinder.uninstall` removes every shim module.
 
-A shim can be hidden from some packages (``Patch.hidden_from``): imports made by
+A shim can be hidden from some packages (``ModuleShim.hidden_from``): imports made by
 their code do not find it, and a small guard at the *front* of ``sys.meta_path``
 drops cached copies from ``sys.modules`` whenever one of those packages starts
 importing a module, so a shim imported earlier by user code does not leak to them.

@@ -20,8 +20,8 @@ from typing import Any
 import torch
 
 from ..backend import Backend
-from ..patch import Action, Patch, PatchKind
-from .. import usage
+from ..patch import Action, Patch, Replace, replacing
+from ..usage import UsageRecorder, active_recorder, note
 from ..devices import NOT_A_DEVICE, DeviceMap
 
 __all__ = ["tensor_patches"]
@@ -29,7 +29,7 @@ __all__ = ["tensor_patches"]
 _PINNED = "_ascend_patch_pinned"
 
 
-def _hit(recorder: usage.UsageRecorder | None, api: str, action: str = "translated") -> None:
+def _hit(recorder: UsageRecorder | None, api: str, action: str = "translated") -> None:
     if recorder is not None:
         recorder.hit(api, action)
 
@@ -46,8 +46,9 @@ def _to_wrapper(original: Any, dmap: DeviceMap, copy_host: bool, api: str) -> An
     though both ends are the host.
     """
     lookup = dmap.lookup
-    recorder = usage.active_recorder()
+    recorder = active_recorder()
 
+    @replacing(original)
     def to(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         moved = False
         if args:
@@ -72,12 +73,11 @@ def _to_wrapper(original: Any, dmap: DeviceMap, copy_host: bool, api: str) -> An
             out = self.clone()
         return out
 
-    to.__wrapped__ = original  # type: ignore[attr-defined]
     return to
 
 
 def _cuda_wrapper(target: Backend, dmap: DeviceMap, api: str, module: bool) -> Any:
-    recorder = usage.active_recorder()
+    recorder = active_recorder()
     copy = target.name == "cpu"  # host -> "device" must not alias; on npu CUDA's no-op rule holds
 
     def device_for(device: Any) -> Any:
@@ -99,31 +99,31 @@ def _cuda_wrapper(target: Backend, dmap: DeviceMap, api: str, module: bool) -> A
 
 
 def _cpu_copy(original: Any) -> Any:
+    @replacing(original)
     def cpu(self: torch.Tensor, memory_format: torch.memory_format = torch.preserve_format) -> torch.Tensor:
         out = original(self, memory_format=memory_format)
         return out.clone() if out is self else out
 
-    cpu.__wrapped__ = original  # type: ignore[attr-defined]
     return cpu
 
 
 def _module_to(original: Any, dmap: DeviceMap, api: str) -> Any:
     lookup = dmap.lookup
 
+    @replacing(original)
     def to(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         if args:
             mapped = lookup(args[0])
             if mapped is not NOT_A_DEVICE:
                 args = (mapped, *args[1:])
-                usage.note(api)
+                note(api)
         if "device" in kwargs:
             mapped = lookup(kwargs["device"])
             if mapped is not NOT_A_DEVICE:
                 kwargs["device"] = mapped
-                usage.note(api)
+                note(api)
         return original(self, *args, **kwargs)
 
-    to.__wrapped__ = original  # type: ignore[attr-defined]
     return to
 
 
@@ -131,8 +131,9 @@ def _type_wrapper(original: Any, target: Backend) -> Any:
     """Tensor.type(): target tensors report torch.cuda.* names and accept them."""
     dev = target.device_type
     prefix = "torch." if dev == "cpu" else f"torch.{dev}."
-    recorder = usage.active_recorder()
+    recorder = active_recorder()
 
+    @replacing(original)
     def type_(self: torch.Tensor, dtype: Any = None, non_blocking: bool = False, **kwargs: Any) -> Any:
         if dtype is None:
             name = original(self)
@@ -147,7 +148,6 @@ def _type_wrapper(original: Any, target: Backend) -> Any:
             dtype = prefix + dtype[len("torch.cuda."):]
         return original(self, dtype, non_blocking, **kwargs)
 
-    type_.__wrapped__ = original  # type: ignore[attr-defined]
     return type_
 
 
@@ -189,6 +189,7 @@ def _is_pinned(original: Any) -> Any:
 def _storage_to(original: Any, dmap: DeviceMap) -> Any:
     lookup = dmap.lookup
 
+    @replacing(original)
     def to(self: Any, *args: Any, **kwargs: Any) -> Any:
         if "device" in kwargs:
             mapped = lookup(kwargs["device"])
@@ -196,7 +197,6 @@ def _storage_to(original: Any, dmap: DeviceMap) -> Any:
                 kwargs["device"] = mapped
         return original(self, *args, **kwargs)
 
-    to.__wrapped__ = original  # type: ignore[attr-defined]
     return to
 
 
@@ -205,36 +205,36 @@ def tensor_patches(target: Backend, dmap: DeviceMap) -> list[Patch]:
     on_cpu = target.name == "cpu"
     r = "transfers onto the target, and copies as CUDA transfers do"
     patches = [
-        Patch("torch:Tensor.to", PatchKind.REPLACE, r,
-              make=lambda orig: _to_wrapper(orig, dmap, on_cpu, "torch.Tensor.to(cuda)"), count_calls=False),
-        Patch("torch:Tensor.cuda", PatchKind.REPLACE, r,
-              replacement=_cuda_wrapper(target, dmap, "torch.Tensor.cuda", module=False), count_calls=False),
-        Patch("torch.nn:Module.to", PatchKind.REPLACE, "module moves onto the target",
-              make=lambda orig: _module_to(orig, dmap, "torch.nn.Module.to(cuda)"), count_calls=False),
-        Patch("torch.nn:Module.to_empty", PatchKind.REPLACE, "module materialisation onto the target",
-              make=lambda orig: _module_to(orig, dmap, "torch.nn.Module.to_empty(device=cuda)"), count_calls=False),
-        Patch("torch.nn:Module.cuda", PatchKind.REPLACE, "module moves onto the target",
-              replacement=_cuda_wrapper(target, dmap, "torch.nn.Module.cuda", module=True), count_calls=False),
-        Patch("torch:Tensor.type", PatchKind.REPLACE, "CUDA tensor type names for target tensors",
-              make=lambda orig: _type_wrapper(orig, target), count_calls=False),
-        Patch("torch:Tensor.is_cuda", PatchKind.REPLACE, "target tensors are CUDA tensors to the program",
-              replacement=_is_on_target(target.device_type), api="torch.Tensor.is_cuda"),
-        Patch("torch.storage:_StorageBase.to", PatchKind.REPLACE, "storage moves onto the target",
-              make=lambda orig: _storage_to(orig, dmap), count_calls=False),
-        Patch("torch.storage:TypedStorage.to", PatchKind.REPLACE, "storage moves onto the target",
-              make=lambda orig: _storage_to(orig, dmap), count_calls=False),
+        Replace("torch:Tensor.to", r,
+                make=lambda orig: _to_wrapper(orig, dmap, on_cpu, "torch.Tensor.to(cuda)"), count_calls=False),
+        Replace("torch:Tensor.cuda", r,
+                replacement=_cuda_wrapper(target, dmap, "torch.Tensor.cuda", module=False), count_calls=False),
+        Replace("torch.nn:Module.to", "module moves onto the target",
+                make=lambda orig: _module_to(orig, dmap, "torch.nn.Module.to(cuda)"), count_calls=False),
+        Replace("torch.nn:Module.to_empty", "module materialisation onto the target",
+                make=lambda orig: _module_to(orig, dmap, "torch.nn.Module.to_empty(device=cuda)"), count_calls=False),
+        Replace("torch.nn:Module.cuda", "module moves onto the target",
+                replacement=_cuda_wrapper(target, dmap, "torch.nn.Module.cuda", module=True), count_calls=False),
+        Replace("torch:Tensor.type", "CUDA tensor type names for target tensors",
+                make=lambda orig: _type_wrapper(orig, target), count_calls=False),
+        Replace("torch:Tensor.is_cuda", "target tensors are CUDA tensors to the program",
+                replacement=_is_on_target(target.device_type), api="torch.Tensor.is_cuda"),
+        Replace("torch.storage:_StorageBase.to", "storage moves onto the target",
+                make=lambda orig: _storage_to(orig, dmap), count_calls=False),
+        Replace("torch.storage:TypedStorage.to", "storage moves onto the target",
+                make=lambda orig: _storage_to(orig, dmap), count_calls=False),
     ]
     if on_cpu:
         patches += [
-            Patch("torch:Tensor.cpu", PatchKind.REPLACE, "a device-to-host transfer is a copy",
-                  make=_cpu_copy, count_calls=False, backends=frozenset({"cpu"})),
-            Patch("torch:Tensor.pin_memory", PatchKind.REPLACE,
-                  "the host has no pinned memory: a copy marked as pinned", make=_pin_memory,
-                  action=Action.EMULATED, backends=frozenset({"cpu"})),
-            Patch("torch:Tensor.is_pinned", PatchKind.REPLACE, "answers for pin_memory() copies",
-                  make=_is_pinned, action=Action.EMULATED, backends=frozenset({"cpu"})),
-            Patch("torch:Tensor.record_stream", PatchKind.REPLACE,
-                  "one execution queue on the host: nothing to record",
-                  replacement=lambda self, stream: None, action=Action.NOOP, backends=frozenset({"cpu"})),
+            Replace("torch:Tensor.cpu", "a device-to-host transfer is a copy",
+                    make=_cpu_copy, count_calls=False, backends=frozenset({"cpu"})),
+            Replace("torch:Tensor.pin_memory",
+                    "the host has no pinned memory: a copy marked as pinned", make=_pin_memory,
+                    action=Action.EMULATED, backends=frozenset({"cpu"})),
+            Replace("torch:Tensor.is_pinned", "answers for pin_memory() copies",
+                    make=_is_pinned, action=Action.EMULATED, backends=frozenset({"cpu"})),
+            Replace("torch:Tensor.record_stream",
+                    "one execution queue on the host: nothing to record",
+                    replacement=lambda self, stream: None, action=Action.NOOP, backends=frozenset({"cpu"})),
         ]
     return patches

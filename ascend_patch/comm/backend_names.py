@@ -30,7 +30,7 @@ from typing import Any
 
 from ..backend import Backend
 from ..devices import DeviceMap
-from ..patch import Action, Patch, PatchKind
+from ..patch import Action, Add, Patch, Replace, replacing
 from ..usage import note
 from .nccl_options import ProcessGroupNCCL, translate_pg_options
 
@@ -121,6 +121,7 @@ def _group_wrapper(original: Any, target: Backend, dmap: DeviceMap, api: str) ->
     signature = inspect.signature(original)
     is_init = api.endswith("init_process_group")
 
+    @replacing(original)
     def make_group(*args: Any, **kwargs: Any) -> Any:
         from torch.distributed import distributed_c10d as c10d
 
@@ -149,14 +150,13 @@ def _group_wrapper(original: Any, target: Backend, dmap: DeviceMap, api: str) ->
                 _record(result, named)
         return result
 
-    make_group.__wrapped__ = original  # type: ignore[attr-defined]
     make_group.__signature__ = signature  # type: ignore[attr-defined]
-    make_group.__doc__ = original.__doc__
     make_group.__name__ = original.__name__
     return make_group
 
 
 def _get_backend(original: Any) -> Any:
+    @replacing(original)
     def get_backend(group: Any = None) -> Any:
         real = original(group)
         if _called_from_torch():
@@ -169,35 +169,34 @@ def _get_backend(original: Any) -> Any:
 
         return C10dBackend(asked) if ":" not in asked else asked
 
-    get_backend.__wrapped__ = original  # type: ignore[attr-defined]
-    get_backend.__doc__ = original.__doc__
     return get_backend
 
 
 def _is_nccl_available(original: Any) -> Any:
+    @replacing(original)
     def is_nccl_available() -> bool:
         if _called_from_torch():
             return bool(original())
         note("torch.distributed.is_nccl_available (nccl is served by the target's backend)", "emulated")
         return True
 
-    is_nccl_available.__wrapped__ = original  # type: ignore[attr-defined]
     return is_nccl_available
 
 
 def _is_backend_available(original: Any) -> Any:
+    @replacing(original)
     def is_backend_available(backend: str) -> bool:
         if not _called_from_torch() and isinstance(backend, str) and backend.lower() == "nccl":
             return True
         return bool(original(backend))
 
-    is_backend_available.__wrapped__ = original  # type: ignore[attr-defined]
     return is_backend_available
 
 
 def _barrier(original: Any, target: Backend) -> Any:
     signature = inspect.signature(original)
 
+    @replacing(original)
     def barrier(*args: Any, **kwargs: Any) -> Any:
         if kwargs.get("device_ids") is not None or len(args) > 2:
             bound = signature.bind_partial(*args, **kwargs)
@@ -207,9 +206,7 @@ def _barrier(original: Any, target: Backend) -> Any:
             return original(*bound.args, **bound.kwargs)
         return original(*args, **kwargs)
 
-    barrier.__wrapped__ = original  # type: ignore[attr-defined]
     barrier.__signature__ = signature  # type: ignore[attr-defined]
-    barrier.__doc__ = original.__doc__
     return barrier
 
 
@@ -227,6 +224,7 @@ def _translate_override(override: Any, target: Backend) -> Any:
 
 
 def _mesh_init(original: Any, target: Backend, dmap: DeviceMap) -> Any:
+    @replacing(original)
     def __init__(self: Any, device_type: Any, *args: Any, **kwargs: Any) -> None:
         mapped = dmap.device_type_name(device_type)
         if mapped != device_type:
@@ -235,13 +233,13 @@ def _mesh_init(original: Any, target: Backend, dmap: DeviceMap) -> Any:
             kwargs["backend_override"] = _translate_override(kwargs["backend_override"], target)
         original(self, mapped, *args, **kwargs)
 
-    __init__.__wrapped__ = original  # type: ignore[attr-defined]
     return __init__
 
 
 def _ddp_init(original: Any, target: Backend, dmap: DeviceMap) -> Any:
     signature = inspect.signature(original)
 
+    @replacing(original)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         bound = signature.bind(self, *args, **kwargs)
         arguments = bound.arguments
@@ -254,7 +252,6 @@ def _ddp_init(original: Any, target: Backend, dmap: DeviceMap) -> Any:
             arguments["output_device"] = None if target.name == "cpu" else dmap(out)
         original(*bound.args, **bound.kwargs)
 
-    __init__.__wrapped__ = original  # type: ignore[attr-defined]
     return __init__
 
 
@@ -263,33 +260,33 @@ def backend_name_patches(target: Backend, dmap: DeviceMap) -> list[Patch]:
     dist = target.dist_backend
 
     def group(name: str, reason: str) -> Patch:
-        return Patch(f"{_C10D}:{name}", PatchKind.REPLACE, reason,
-                     make=lambda orig: _group_wrapper(orig, target, dmap, f"torch.distributed.{name}"),
-                     count_calls=False)
+        return Replace(f"{_C10D}:{name}", reason,
+                       make=lambda orig: _group_wrapper(orig, target, dmap, f"torch.distributed.{name}"),
+                       count_calls=False)
 
     return [
         group("init_process_group", f"nccl -> {dist}; NCCL pg_options and device_id onto the target"),
         group("new_group", f"nccl -> {dist}; NCCL pg_options and device_id onto the target"),
         group("new_subgroups", f"nccl -> {dist}; NCCL pg_options onto the target"),
         group("new_subgroups_by_enumeration", f"nccl -> {dist}; NCCL pg_options onto the target"),
-        Patch(f"{_C10D}:get_backend", PatchKind.REPLACE,
-              "reports 'nccl' to program code for groups it created with nccl (torch sees the real name)",
-              make=_get_backend, action=Action.EMULATED, count_calls=False),
-        Patch(f"{_C10D}:is_nccl_available", PatchKind.REPLACE,
-              f"True for program code: nccl is served by {dist}", make=_is_nccl_available,
-              action=Action.EMULATED, count_calls=False),
-        Patch(f"{_C10D}:is_backend_available", PatchKind.REPLACE,
-              f"'nccl' is available to program code (served by {dist})", make=_is_backend_available,
-              action=Action.EMULATED, count_calls=False),
-        Patch(f"{_C10D}:barrier", PatchKind.REPLACE, "device_ids onto the target (dropped on the host)",
-              make=lambda orig: _barrier(orig, target), count_calls=False),
-        Patch("torch.distributed:ProcessGroupNCCL", PatchKind.ADD,
-              "ProcessGroupNCCL.Options for code that configures NCCL communicators (no NCCL in this torch)",
-              replacement=ProcessGroupNCCL, action=Action.EMULATED),
-        Patch("torch.distributed.device_mesh:DeviceMesh.__init__", PatchKind.REPLACE,
-              f"DeviceMesh('cuda') -> DeviceMesh('{target.device_type}'); backend_override translated",
-              make=lambda orig: _mesh_init(orig, target, dmap), count_calls=False),
-        Patch("torch.nn.parallel.distributed:DistributedDataParallel.__init__", PatchKind.REPLACE,
-              "device_ids/output_device onto the target (none on the host)",
-              make=lambda orig: _ddp_init(orig, target, dmap), count_calls=False),
+        Replace(f"{_C10D}:get_backend",
+                "reports 'nccl' to program code for groups it created with nccl (torch sees the real name)",
+                make=_get_backend, action=Action.EMULATED, count_calls=False),
+        Replace(f"{_C10D}:is_nccl_available",
+                f"True for program code: nccl is served by {dist}", make=_is_nccl_available,
+                action=Action.EMULATED, count_calls=False),
+        Replace(f"{_C10D}:is_backend_available",
+                f"'nccl' is available to program code (served by {dist})", make=_is_backend_available,
+                action=Action.EMULATED, count_calls=False),
+        Replace(f"{_C10D}:barrier", "device_ids onto the target (dropped on the host)",
+                make=lambda orig: _barrier(orig, target), count_calls=False),
+        Add("torch.distributed:ProcessGroupNCCL",
+            "ProcessGroupNCCL.Options for code that configures NCCL communicators (no NCCL in this torch)",
+            replacement=ProcessGroupNCCL, action=Action.EMULATED),
+        Replace("torch.distributed.device_mesh:DeviceMesh.__init__",
+                f"DeviceMesh('cuda') -> DeviceMesh('{target.device_type}'); backend_override translated",
+                make=lambda orig: _mesh_init(orig, target, dmap), count_calls=False),
+        Replace("torch.nn.parallel.distributed:DistributedDataParallel.__init__",
+                "device_ids/output_device onto the target (none on the host)",
+                make=lambda orig: _ddp_init(orig, target, dmap), count_calls=False),
     ]

@@ -45,7 +45,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..patch import Action, Patch, PatchKind
+from ..patch import Action, Patch, Replace, replacing
 from ..usage import note
 
 __all__ = ["FallbackWork", "collective_patches", "premul_factor"]
@@ -131,6 +131,7 @@ def premul_factor(op: Any) -> Any:
 
 
 def _make_premul(original: Any) -> Any:
+    @replacing(original)
     def _make_nccl_premul_sum(factor: Any) -> Any:
         op = original(factor)
         key = id(op)
@@ -138,7 +139,6 @@ def _make_premul(original: Any) -> Any:
         weakref.finalize(op, _PREMUL.pop, key, None)
         return op
 
-    _make_nccl_premul_sum.__wrapped__ = original  # type: ignore[attr-defined]
     return _make_nccl_premul_sum
 
 
@@ -184,6 +184,7 @@ def _bytes(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _all_reduce(original: Any) -> Any:
+    @replacing(original)
     def all_reduce(tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM, group: Any = None,
                    async_op: bool = False) -> Any:
         factor = premul_factor(op)
@@ -203,12 +204,11 @@ def _all_reduce(original: Any) -> Any:
         work = original(wide, op, group, async_op)
         return _complete(work, lambda: tensor.copy_(wide), group, async_op)
 
-    all_reduce.__wrapped__ = original  # type: ignore[attr-defined]
-    all_reduce.__doc__ = original.__doc__
     return all_reduce
 
 
 def _all_gather_single(original: Any) -> Any:
+    @replacing(original)
     def all_gather_single(output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any = None,
                           async_op: bool = False) -> Any:
         reshape = output_tensor.dim() != input_tensor.dim() or input_tensor.dim() == 0
@@ -224,12 +224,11 @@ def _all_gather_single(original: Any) -> Any:
         work = original(out, inp, group, async_op)
         return work if finish is None else _complete(work, finish, group, async_op)
 
-    all_gather_single.__wrapped__ = original  # type: ignore[attr-defined]
-    all_gather_single.__doc__ = original.__doc__
     return all_gather_single
 
 
 def _reduce_scatter_single(original: Any) -> Any:
+    @replacing(original)
     def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor, op: Any = dist.ReduceOp.SUM,
                               group: Any = None, async_op: bool = False) -> Any:
         reshape = input.dim() != output.dim()
@@ -263,12 +262,11 @@ def _reduce_scatter_single(original: Any) -> Any:
 
         return _complete(work, finish, group, async_op)
 
-    reduce_scatter_single.__wrapped__ = original  # type: ignore[attr-defined]
-    reduce_scatter_single.__doc__ = original.__doc__
     return reduce_scatter_single
 
 
 def _all_gather(original: Any) -> Any:
+    @replacing(original)
     def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any = None,
                    async_op: bool = False) -> Any:
         shape = tensor.shape
@@ -298,12 +296,11 @@ def _all_gather(original: Any) -> Any:
 
         return _complete(work, finish, group, async_op)
 
-    all_gather.__wrapped__ = original  # type: ignore[attr-defined]
-    all_gather.__doc__ = original.__doc__
     return all_gather
 
 
 def _broadcast(original: Any) -> Any:
+    @replacing(original)
     def broadcast(tensor: torch.Tensor, src: int | None = None, group: Any = None, async_op: bool = False,
                   group_src: int | None = None) -> Any:
         if tensor.dtype in _FP8:
@@ -311,12 +308,11 @@ def _broadcast(original: Any) -> Any:
             tensor = tensor.view(torch.uint8)
         return original(tensor, src, group, async_op, group_src)
 
-    broadcast.__wrapped__ = original  # type: ignore[attr-defined]
-    broadcast.__doc__ = original.__doc__
     return broadcast
 
 
 def _all_to_all_single(original: Any) -> Any:
+    @replacing(original)
     def all_to_all_single(output: torch.Tensor, input: torch.Tensor, output_split_sizes: Any = None,
                           input_split_sizes: Any = None, group: Any = None, async_op: bool = False) -> Any:
         if input.dtype in _FP8:
@@ -324,12 +320,11 @@ def _all_to_all_single(original: Any) -> Any:
             output, input = output.view(torch.uint8), input.view(torch.uint8)
         return original(output, input, output_split_sizes, input_split_sizes, group, async_op)
 
-    all_to_all_single.__wrapped__ = original  # type: ignore[attr-defined]
-    all_to_all_single.__doc__ = original.__doc__
     return all_to_all_single
 
 
 def _coalescing_manager(original: Any) -> Any:
+    @replacing(original)
     @contextlib.contextmanager
     def _coalescing_manager(group: Any = None, device: Any = None, async_ops: bool = False) -> Iterator[Any]:
         from torch.distributed import distributed_c10d as c10d
@@ -368,7 +363,6 @@ def _coalescing_manager(original: Any) -> Any:
             for finish in finishers:
                 finish()
 
-    _coalescing_manager.__wrapped__ = original  # type: ignore[attr-defined]
     return _coalescing_manager
 
 
@@ -377,8 +371,8 @@ def collective_patches() -> list[Patch]:
     cpu = frozenset({"cpu"})
 
     def patch(name: str, make: Callable[[Any], Any], reason: str, module: str = _C10D) -> Patch:
-        return Patch(f"{module}:{name}", PatchKind.REPLACE, reason, make=make, backends=cpu,
-                     package="torch", versions=_TORCH_RANGE, action=Action.EMULATED, count_calls=False)
+        return Replace(f"{module}:{name}", reason, make=make, backends=cpu,
+                       package="torch", versions=_TORCH_RANGE, action=Action.EMULATED, count_calls=False)
 
     return [
         patch("all_reduce", _all_reduce, "PREMUL_SUM and float8 all_reduce, which gloo lacks"),

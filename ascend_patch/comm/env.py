@@ -1,7 +1,7 @@
 """``NCCL_*`` / ``TORCH_NCCL_*`` environment variables onto the target's collective library.
 
 On npu each variable with an HCCL (or torch_npu) counterpart is carried over
-(``PatchKind.ENV``: set before the first process group is made; a counterpart the
+(``EnvVar`` patches: set before the first process group is made; a counterpart the
 user set already wins; ``remove()`` restores the environment), converted where the
 units differ (``NCCL_BUFFSIZE`` bytes -> ``HCCL_BUFFSIZE`` MB). On cpu the one
 variable gloo has a counterpart for, ``NCCL_SOCKET_IFNAME`` -> ``GLOO_SOCKET_IFNAME``,
@@ -34,7 +34,7 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from ..patch import Action, Patch, PatchKind
+from ..patch import Action, EnvVar, Patch
 
 __all__ = ["EnvFinding", "NPU_COUNTERPARTS", "CPU_COUNTERPARTS", "env_patches", "nccl_environment", "note_unmapped"]
 
@@ -169,8 +169,8 @@ def env_patches(target: str) -> list[Patch]:
             return None
 
         sources = sorted(n for n, (c, _) in _table(target).items() if c == counterpart)
-        patches.append(Patch(counterpart, PatchKind.ENV, f"{' / '.join(sources)} carries over to {counterpart}",
-                             make=make, backends=backends, action=Action.TRANSLATED, api=sources[0]))
+        patches.append(EnvVar(counterpart, f"{' / '.join(sources)} carries over to {counterpart}",
+                              make=make, backends=backends, action=Action.TRANSLATED, api=sources[0]))
     return patches
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..patch import Action, Patch, PatchKind
+from ..patch import Action, Patch, Replace
 
 __all__ = ["MEGATRON_RANGE", "megatron_patches"]
 
@@ -52,26 +52,26 @@ def megatron_patches(backend: Any) -> list[Patch]:
 
         return getattr(mod, name)(backend)
 
-    def patch(target: str, kind: PatchKind, reason: str, make: Any, **extra: Any) -> Patch:
-        return Patch(target=target, kind=kind, reason=reason, make=make, action=action, **MEGATRON_RANGE, **extra)
+    def patch(target: str, reason: str, make: Any, **extra: Any) -> Replace:
+        return Replace(target, reason, make=make, action=action, **MEGATRON_RANGE, **extra)
 
     return [
-        patch(f"{_ROPE}:fused_apply_rotary_pos_emb", PatchKind.REPLACE,
+        patch(f"{_ROPE}:fused_apply_rotary_pos_emb",
               "apply_rope_fusion needs TE's fused RoPE; use the target's (npu_rotary_mul / torch)",
               lambda _: rope("megatron_fused_apply_rotary_pos_emb")),
-        patch(f"{_ROPE}:fused_apply_rotary_pos_emb_thd", PatchKind.REPLACE,
+        patch(f"{_ROPE}:fused_apply_rotary_pos_emb_thd",
               "apply_rope_fusion with packed sequences needs TE's fused RoPE; use the target's",
               lambda _: rope("megatron_fused_apply_rotary_pos_emb_thd")),
-        patch("megatron.core.fusions.fused_bias_swiglu:bias_swiglu_impl", PatchKind.REPLACE,
+        patch("megatron.core.fusions.fused_bias_swiglu:bias_swiglu_impl",
               "bias-SwiGLU is built with torch.compile; use npu_swiglu / an eager fused function",
               lambda _: swiglu("megatron_bias_swiglu_impl")),
-        patch("megatron.core.fusions.fused_bias_gelu:bias_gelu_impl", PatchKind.REPLACE,
+        patch("megatron.core.fusions.fused_bias_gelu:bias_gelu_impl",
               "bias-GeLU is built with torch.jit/compile; use torch's tanh gelu",
               lambda _: swiglu("megatron_bias_gelu_impl")),
-        patch(f"{_SOFTMAX}:FusedScaleMaskSoftmax.is_kernel_available", PatchKind.REPLACE,
+        patch(f"{_SOFTMAX}:FusedScaleMaskSoftmax.is_kernel_available",
               "asks the CUDA extension scaled_masked_softmax_cuda; answer for the target's kernel",
               lambda _: softmax("megatron_is_kernel_available")),
-        patch(f"{_SOFTMAX}:FusedScaleMaskSoftmax.forward_fused_softmax", PatchKind.REPLACE,
+        patch(f"{_SOFTMAX}:FusedScaleMaskSoftmax.forward_fused_softmax",
               "runs the CUDA extensions; use npu_scaled_masked_softmax / torch with the kernels' semantics",
               lambda _: softmax("megatron_forward_fused_softmax")),
     ]

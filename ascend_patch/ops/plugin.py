@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from ..hookspec import hookimpl
+from ..hookspec import PatchSink, Target, hookimpl
 
 __all__ = ["ascend_patch_register_patches"]
 
 
 @hookimpl
-def ascend_patch_register_patches(registry: Any, backend: Any) -> None:
-    from ..patch import Patch, PatchKind
+def ascend_patch_register_patches(registry: PatchSink, backend: Target) -> None:
+    from ..patch import Wrap
     from .megatron import megatron_patches
     from .optim import fused_optimizer_fallback
     from .shims import shim_patches
@@ -20,6 +18,6 @@ def ascend_patch_register_patches(registry: Any, backend: Any) -> None:
     registry.extend(megatron_patches(backend))
     # torch 2.13 runs fused=True on cpu for every float dtype (tests/ops check it), so only npu,
     # where torch_npu's coverage cannot be checked here, gets the probing fallback
-    registry.add(Patch(target="torch.optim:Adam.__init__", kind=PatchKind.WRAP, wrapper=fused_optimizer_fallback,
-                       backends=frozenset({"npu"}), count_calls=False,
-                       reason="Adam/AdamW(fused=True): fall back to foreach where the target lacks the fused kernel"))
+    registry.add(Wrap(target="torch.optim:Adam.__init__", wrapper=fused_optimizer_fallback,
+                      backends=frozenset({"npu"}), count_calls=False,
+                      reason="Adam/AdamW(fused=True): fall back to foreach where the target lacks the fused kernel"))

@@ -7,7 +7,7 @@ naming it and what to use instead.
 
 :class:`ShimCatalog` builds the adapted objects once per apply, bound to the backend, so
 ``apex.optimizers.FusedAdam is apex.optimizers.fused_adam.FusedAdam``. The
-``transformer_engine`` shim is hidden from megatron-core (``Patch.hidden_from``): megatron
+``transformer_engine`` shim is hidden from megatron-core (``ModuleShim.hidden_from``): megatron
 treats an importable ``transformer_engine`` as a full Transformer Engine install (TE layers,
 fp8, version checks) and would break; it falls back to the apex shim and its local spec.
 """
@@ -306,12 +306,12 @@ class ShimCatalog:
 
 def shim_patches(backend: Any) -> list[Any]:
     """MODULE patches serving every shim in :data:`SHIM_NAMES`, bound to ``backend``."""
-    from ..patch import Action, Patch, PatchKind
+    from ..patch import Action, ModuleShim, Patch
 
     catalog = ShimCatalog(backend)
     action = Action.TRANSLATED if backend.name == "npu" else Action.EMULATED
-    return [Patch(target=name, kind=PatchKind.MODULE, make=catalog.build, action=action,
-                  hidden_from=HIDDEN_FROM.get(name.split(".")[0], ()),
-                  reason=f"{name.split('.')[0]} is CUDA-only; serve ascend_patch's adapted {name} while it is "
+    return [ModuleShim(target=name, make=catalog.build, action=action,
+                       hidden_from=HIDDEN_FROM.get(name.split(".")[0], ()),
+                       reason=f"{name.split('.')[0]} is CUDA-only; serve ascend_patch's adapted {name} while it is "
                          "not installed")
             for name in SHIM_NAMES]

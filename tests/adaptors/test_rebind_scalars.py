@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import types
 
-from ascend_patch.patch import Patch, PatchKind
+from ascend_patch.patch import Replace
 
 
 def _plugin(patches):
@@ -37,8 +37,8 @@ def test_replacing_none_and_false_leaves_other_modules_alone(cpu_settings):
 
     pm = get_plugin_manager()
     pm.register(_plugin([
-        Patch(f"{target.__name__}:maybe_fn", PatchKind.REPLACE, "test", replacement=replacement),
-        Patch(f"{target.__name__}:flag", PatchKind.REPLACE, "test", make=lambda original: True),
+        Replace(f"{target.__name__}:maybe_fn", "test", replacement=replacement),
+        Replace(f"{target.__name__}:flag", "test", make=lambda original: True),
     ]), "ap_test_scalars")
     try:
         ascend_patch.apply(cpu_settings)
@@ -68,8 +68,8 @@ def test_rebind_false_keeps_shared_callable_everywhere_else(cpu_settings):
     sys.modules[shared.__name__] = shared
     sys.modules[holder.__name__] = holder
     pm = get_plugin_manager()
-    pm.register(_plugin([Patch(f"{holder.__name__}:decorator", PatchKind.REPLACE, "test",
-                               replacement=lambda: "eager", rebind=False)]), "ap_test_rebind")
+    pm.register(_plugin([Replace(f"{holder.__name__}:decorator", "test",
+                                 replacement=lambda: "eager", rebind=False)]), "ap_test_rebind")
     try:
         ascend_patch.apply(cpu_settings)
         assert holder.decorator() == "eager"

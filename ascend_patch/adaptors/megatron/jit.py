@@ -28,7 +28,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ...patch import Action, Patch, PatchKind
+from ...patch import Action, Patch, Replace
 from . import PACKAGE, VERSIONS
 
 __all__ = ["COMPILED_AT_IMPORT", "compiled_functions", "eager", "jit_patches"]
@@ -104,13 +104,13 @@ def _compiled_now(module: str, path: str) -> Callable[..., Any] | None:
 def jit_patches() -> list[Patch]:
     """``jit_fuser`` -> eager, and each function already compiled at import back to eager."""
     api = "megatron.core.jit.jit_fuser (torch.compile)"
-    patches = [Patch("megatron.core.jit:jit_fuser", PatchKind.REPLACE, _REASON, replacement=eager,
-                     package=PACKAGE, versions=VERSIONS, action=Action.EMULATED, api=api, count_calls=False,
-                     rebind=False)]  # the original *is* torch.compile: never re-bind torch's own name
+    patches = [Replace("megatron.core.jit:jit_fuser", _REASON, replacement=eager,
+                       package=PACKAGE, versions=VERSIONS, action=Action.EMULATED, api=api, count_calls=False,
+                       rebind=False)]  # the original *is* torch.compile: never re-bind torch's own name
     for module, attr in COMPILED_AT_IMPORT:
         original = _compiled_now(module, attr)
         if original is not None:  # same entry point and behaviour as the jit_fuser row of the table
-            patches.append(Patch(f"{module}:{attr}", PatchKind.REPLACE, _REASON, replacement=original,
-                                 package=PACKAGE, versions=VERSIONS, action=Action.EMULATED, api=api,
-                                 count_calls=False))
+            patches.append(Replace(f"{module}:{attr}", _REASON, replacement=original,
+                                   package=PACKAGE, versions=VERSIONS, action=Action.EMULATED, api=api,
+                                   count_calls=False))
     return patches

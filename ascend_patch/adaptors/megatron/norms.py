@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...patch import Patch, PatchKind
+from ...patch import Patch, Replace
 from . import PACKAGE, VERSIONS
 
 __all__ = ["build_norm", "fused_layer_norm_new", "norm_patches", "rms_norm_module"]
@@ -112,10 +112,10 @@ def norm_patches(backend: Any = None) -> list[Patch]:
                      "refuses RMSNorm, and the apex shim makes the local specs choose it)")
         wrapped_why = ("torch norm under sequence parallelism (params tagged for the TP all-reduce) and with "
                        "persist_layer_norm / memory_efficient_layer_norm (apex kernel choices)")
-    return [Patch(
-        "megatron.core.fusions.fused_layer_norm:FusedLayerNorm.__new__", PatchKind.REPLACE, fused_why,
+    return [Replace(
+        "megatron.core.fusions.fused_layer_norm:FusedLayerNorm.__new__", fused_why,
         replacement=staticmethod(fused_layer_norm), package=PACKAGE, versions=VERSIONS,
-        api="megatron.core.fusions.fused_layer_norm.FusedLayerNorm", count_calls=False), Patch(
-        "megatron.core.transformer.torch_norm:WrappedTorchNorm.__new__", PatchKind.REPLACE, wrapped_why,
+        api="megatron.core.fusions.fused_layer_norm.FusedLayerNorm", count_calls=False), Replace(
+        "megatron.core.transformer.torch_norm:WrappedTorchNorm.__new__", wrapped_why,
         replacement=staticmethod(wrapped_torch_norm), package=PACKAGE, versions=VERSIONS,
         api="megatron.core.transformer.torch_norm.WrappedTorchNorm", count_calls=False)]

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...patch import Patch, PatchKind
+from ...patch import Patch, Wrap
 from . import PACKAGE, VERSIONS
 
 __all__ = ["optimizer_patches"]
@@ -64,13 +64,12 @@ def _own_steps(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[
 
 def optimizer_patches() -> list[Patch]:
     dist_opt = "megatron.core.optimizer.distrib_optimizer:DistributedOptimizer"
-    return [Patch(
-        f"{dist_opt}.load_state_dict", PatchKind.WRAP,
+    return [Wrap(
+        f"{dist_opt}.load_state_dict",
         "load_state_dict gives every parameter one shared 'step' tensor, which torch Adam then "
         "increments once per parameter: each parameter gets its own copy",
-        wrapper=_own_steps, package=PACKAGE, versions=VERSIONS, count_calls=False), Patch(
+        wrapper=_own_steps, package=PACKAGE, versions=VERSIONS, count_calls=False), Wrap(
         f"{dist_opt}._set_main_param_and_optimizer_states",
-        PatchKind.WRAP,
         "torch Adam's per-parameter 'step' is not in distrib_optim.pt (KeyError on load); keep the step "
         "load_state_dict restored, and copy into the main params with autograd off",
         wrapper=_set_states, package=PACKAGE, versions=VERSIONS, count_calls=False)]

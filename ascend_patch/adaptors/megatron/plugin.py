@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...hookspec import hookimpl
+from ...hookspec import PatchSink, Target, hookimpl
 
 __all__ = ["ascend_patch_register_patches", "megatron_patches"]
 
@@ -25,5 +25,5 @@ def megatron_patches(backend: Any) -> list[Any]:
 
 
 @hookimpl
-def ascend_patch_register_patches(registry: Any, backend: Any) -> None:
+def ascend_patch_register_patches(registry: PatchSink, backend: Target) -> None:
     registry.extend(megatron_patches(backend))

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ...patch import Action, Patch, PatchKind
+from ...patch import Action, Patch, Wrap
 from . import PACKAGE, VERSIONS
 
 __all__ = ["HOST_RNG_MESSAGE", "rng_patches"]
@@ -65,8 +65,8 @@ def _fork(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, 
 
 
 def rng_patches() -> list[Patch]:
-    return [Patch(
-        "megatron.core.tensor_parallel.random:CudaRNGStatesTracker.fork", PatchKind.WRAP,
+    return [Wrap(
+        "megatron.core.tensor_parallel.random:CudaRNGStatesTracker.fork",
         "the host generator is the CUDA generator on cpu: the tracker's 'CPU RNG state changed' "
         "check fires on every dropout and means nothing there", wrapper=_fork,
         backends=frozenset({"cpu"}), package=PACKAGE, versions=VERSIONS, action=Action.EMULATED,

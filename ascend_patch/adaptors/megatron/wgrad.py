@@ -19,7 +19,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from ...patch import Action, Patch, PatchKind
+from ...patch import Action, Add, ModuleShim, Patch, Replace
 from ...shim import ShimModule
 from . import PACKAGE, VERSIONS
 
@@ -58,14 +58,14 @@ def _module_object(_original: Any) -> Any:
 def wgrad_patches() -> list[Patch]:
     layers = "megatron.core.tensor_parallel.layers"
     return [
-        Patch(MODULE_NAME, PatchKind.MODULE, "gradient_accumulation_fusion: in-place addmm_ into main_grad",
-              make=build_module, action=Action.TRANSLATED, api=MODULE_NAME),
-        Patch(f"{layers}:_grad_accum_fusion_available", PatchKind.REPLACE,
-              "gradient_accumulation_fusion: megatron's import-time probe for apex's extension answers "
-              "yes (also when megatron-core was imported before the shim existed)", make=lambda original: True,
-              package=PACKAGE, versions=VERSIONS, count_calls=False),
-        Patch(f"{layers}:{MODULE_NAME}", PatchKind.ADD,
-              "gradient_accumulation_fusion: the extension module, where megatron-core was imported before "
-              "the shim existed", make=_module_object,
-              package=PACKAGE, versions=VERSIONS, count_calls=False),
+        ModuleShim(MODULE_NAME, "gradient_accumulation_fusion: in-place addmm_ into main_grad",
+                   make=build_module, action=Action.TRANSLATED, api=MODULE_NAME),
+        Replace(f"{layers}:_grad_accum_fusion_available",
+                "gradient_accumulation_fusion: megatron's import-time probe for apex's extension answers "
+                "yes (also when megatron-core was imported before the shim existed)", make=lambda original: True,
+                package=PACKAGE, versions=VERSIONS, count_calls=False),
+        Add(f"{layers}:{MODULE_NAME}",
+            "gradient_accumulation_fusion: the extension module, where megatron-core was imported before "
+            "the shim existed", make=_module_object,
+            package=PACKAGE, versions=VERSIONS, count_calls=False),
     ]
