@@ -21,6 +21,7 @@ from typing import Any
 from .config import Settings
 from .environ import EnvChanges, EnvTransaction, carry_over_cuda_variables
 from .unsupported import UnsupportedOnTarget
+from .errors import AscendPatchError
 
 __all__ = [
     "Backend",
@@ -54,7 +55,7 @@ NPU_KERNEL_NAMES: tuple[str, ...] = (
 NPU_TORCH_KERNEL_NAMES: tuple[str, ...] = ("_fused_adam_", "_fused_adamw_", "_fused_sgd_")
 
 
-class BackendUnavailable(RuntimeError):
+class BackendUnavailable(AscendPatchError, RuntimeError):
     """The target that was asked for cannot run in this process."""
 
 

@@ -11,13 +11,14 @@ import difflib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from .errors import AscendPatchError
 
 __all__ = ["ConfigError", "Settings", "VARIABLES", "read_settings"]
 
 PREFIX = "ASCEND_PATCH"
 
 
-class ConfigError(ValueError):
+class ConfigError(AscendPatchError, ValueError):
     """An ``ASCEND_PATCH_*`` variable has a value (or a name) this package does not accept."""
 
 

@@ -18,6 +18,7 @@ import dis
 import sys
 import types
 from typing import Any
+from .errors import AscendPatchError
 
 __all__ = ["SHIM_INIT", "SHIM_MARK", "ShimImportError", "ShimMissing", "ShimModule", "is_shim"]
 
@@ -26,11 +27,11 @@ SHIM_INIT = "__ascend_patch_init__"
 _IMPORT_FROM = dis.opmap["IMPORT_FROM"]
 
 
-class ShimMissing(AttributeError):
+class ShimMissing(AscendPatchError, AttributeError):
     """The shim does not provide this name (an AttributeError, so ``hasattr`` probes still work)."""
 
 
-class ShimImportError(ImportError):
+class ShimImportError(AscendPatchError, ImportError):
     """``from shim import name`` for a name the shim does not provide (same message as ShimMissing)."""
 
 

@@ -5,11 +5,12 @@ here lets each of them import it without importing the others.
 """
 
 from __future__ import annotations
+from .errors import AscendPatchError
 
 __all__ = ["UnsupportedOnTarget", "unsupported"]
 
 
-class UnsupportedOnTarget(RuntimeError):
+class UnsupportedOnTarget(AscendPatchError, RuntimeError):
     """A CUDA API that the target cannot provide; the message names the API and the target."""
 
 

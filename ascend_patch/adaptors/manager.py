@@ -34,6 +34,7 @@ from ..usage import UsageRecorder, set_recorder
 from .appliers import Applier, applier_for
 from .status import ApplyContext, PatchError, PatchStatus, skip
 from .versions import clear_version_cache, version_problem
+from ..errors import AscendPatchError
 
 __all__ = [
     "PatchConflict",
@@ -45,7 +46,7 @@ __all__ = [
 ]
 
 
-class PatchConflict(RuntimeError):
+class PatchConflict(AscendPatchError, RuntimeError):
     """Two patches claim the same target."""
 
 

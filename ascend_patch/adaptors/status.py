@@ -8,11 +8,12 @@ from dataclasses import dataclass, field
 from ..environ import EnvTransaction
 from ..patch import Patch
 from ..usage import UsageRecorder
+from ..errors import AscendPatchError
 
 __all__ = ["ApplyContext", "PatchError", "PatchStatus", "skip"]
 
 
-class PatchError(RuntimeError):
+class PatchError(AscendPatchError, RuntimeError):
     """A patch could not be applied and ``ASCEND_PATCH_STRICT=1`` makes that fatal."""
 
 
