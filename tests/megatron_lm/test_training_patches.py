@@ -166,14 +166,23 @@ def test_building_data_iterators_leaves_the_generator_where_it_was():
     assert torch.equal(torch.get_rng_state(), before)
 
 
-def test_the_data_iterator_patch_is_for_the_cpu_target_only():
+def test_the_generator_patches_are_for_the_cpu_target_only():
+    from ascend_patch.adaptors.manager import PatchRegistry
+    from ascend_patch.adaptors.megatron.plugin import megatron_patches
     from ascend_patch.backend import Backend
 
+    cpu_only = {"megatron.training.training:build_train_valid_test_data_iterators",
+                "megatron.core.pipeline_parallel.p2p_communication:_p2p_ops"}
     npu = Backend("npu", "npu", "hccl", None, keeps_index=True)
-    target = "megatron.training.training:build_train_valid_test_data_iterators"
-    assert target in {p.target for p in training_patches(cpu_backend())}
-    (patch,) = [p for p in training_patches(npu) if p.target == target]
-    assert patch.backends == frozenset({"cpu"})  # the registry drops it on npu: its generator is separate
+    registered = {}
+    for backend in (cpu_backend(), npu):
+        registry = PatchRegistry(backend)
+        registry.extend([*training_patches(backend), *megatron_patches(backend)])
+        registered[backend.name] = {p.target for p in registry.patches()}
+    # on npu the NPU generator is separate from the host's and HCCL keeps sent storage alive
+    assert cpu_only <= registered["cpu"] and not cpu_only & registered["npu"]
+    assert registered["cpu"] - cpu_only >= registered["npu"] - {"megatron.core.tensor_parallel.random:CudaRNGStatesTracker.fork"}
+    assert "megatron.legacy.fused_kernels:load" in registered["npu"] and "triton" in registered["npu"]
 
 
 def test_spec_takes_a_registered_name_and_leaves_megatrons_form_alone(monkeypatch):
