@@ -79,6 +79,10 @@ def test_validate_args_sees_what_megatron_asks_for_and_the_environment_is_put_ba
     assert _run_validate(cp2, user_value, monkeypatch) == ("1", user_value)
     assert _run_validate(fsdp, user_value, monkeypatch) == (None, user_value)
     assert _run_validate(plain, user_value, monkeypatch) == (user_value, user_value)
+    seen = []
+    arguments.validate_yaml(lambda args, defaults=None: seen.append(os.environ.get(arguments.VARIABLE)), None,
+                            (plain,), {})
+    assert seen == ["1"] and os.environ.get(arguments.VARIABLE) == user_value  # its checks only ask for 1
 
 
 def test_validate_args_puts_the_environment_back_when_megatron_refuses(monkeypatch):

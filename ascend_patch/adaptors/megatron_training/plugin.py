@@ -33,11 +33,12 @@ def training_patches(backend: Any, settings: Any = None) -> list[Patch]:
         f"ASCEND_PATCH_TRAINING_LOG: each iteration's losses and grad norm at full precision, to {log_path}",
         wrapper=training_log.TrainingLog(log_path), action=Action.EMULATED, count_calls=False,
         **_RANGE)] if log_path else []
-    return [*optional,
+    return [
+        *optional,
         # --- shims: modules megatron-core imports unconditionally from Megatron-LM's import chain
-        *(Patch(name, PatchKind.MODULE, "megatron-core imports triton unconditionally (batch-invariant "
-                "kernels, Mamba inference ops); serve an importable triton whose kernels refuse to launch "
-                "while triton is not installed", make=triton_shim.build_triton_shim, action=Action.UNSUPPORTED,
+        *(Patch(name, PatchKind.MODULE, "megatron-core's batch-invariant kernels (imported by Megatron-LM's "
+                "initialize) and Mamba inference ops import triton with no fallback: while triton is not installed, "
+                "serve those two modules (only) a triton whose kernels refuse to launch", make=triton_shim.build_triton_shim, action=Action.UNSUPPORTED,
                 hidden_from=triton_shim.HIDDEN_FROM, api=name)
           for name in triton_shim.TRITON_NAMES),
         # --- initialize_megatron -> validate_args
