@@ -211,3 +211,20 @@ def test_spec_takes_a_registered_name_and_leaves_megatrons_form_alone(monkeypatc
     assert calls == [["some.module", "layer_spec"]]
     with pytest.raises(UnknownSpec, match="unknown model spec 'qwen4'; known: .*qwen3"):
         spec.import_module(stock, None, (["qwen4"],), {})
+
+
+def test_batch_invariant_mode_is_refused_naming_the_flag_while_triton_is_missing(monkeypatch):
+    import importlib.util
+
+    from ascend_patch.ops.triton_shim import TritonUnavailable
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "triton" else real_find_spec(name, *a))
+    called = []
+    asked = types.SimpleNamespace(tensor_model_parallel_size=1, batch_invariant_mode=True)
+    with pytest.raises(TritonUnavailable, match="Remove --batch-invariant-mode"):
+        arguments.validate_args(lambda args, defaults=None: called.append(args), None, (asked, {}), {})
+    assert called == []  # refused before megatron builds anything
+    plain = types.SimpleNamespace(tensor_model_parallel_size=1, batch_invariant_mode=False)
+    arguments.validate_args(lambda args, defaults=None: called.append(args), None, (plain, {}), {})
+    assert called == [plain]

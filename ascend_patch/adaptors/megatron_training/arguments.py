@@ -13,16 +13,22 @@ So on npu and cpu a user gets the same run whatever the variable holds, or witho
 Megatron's checks ask for — ``1`` with TP or CP, unset with FSDP — and afterwards it is put back
 as the user had it (``os.environ`` of the training process, and of anything it launches, is
 left unchanged).
+
+``--batch-invariant-mode`` is refused there, before anything is built, while triton is not
+installed: it replaces torch's ``mm``/``addmm``/``log_softmax``/``mean`` with triton kernels (and
+imports Transformer Engine to patch its GEMMs), which nothing on the npu/cpu target can run;
+megatron would otherwise fail on ``import transformer_engine`` or at the first matmul.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["VARIABLE", "megatron_expects", "validate_args", "validate_yaml"]
+__all__ = ["VARIABLE", "megatron_expects", "refuse_unsupported", "validate_args", "validate_yaml"]
 
 VARIABLE = "CUDA_DEVICE_MAX_CONNECTIONS"
 _UNSET = object()
@@ -56,9 +62,26 @@ def _presented(value: Any) -> Iterator[None]:
             os.environ[VARIABLE] = before
 
 
+def _triton_installed() -> bool:
+    spec = importlib.util.find_spec("triton")
+    return spec is not None and "ascend_patch shim" not in str(spec.origin)
+
+
+def refuse_unsupported(args: Any) -> None:
+    """Raise for flags the target cannot run, naming the flag and what to do."""
+    if getattr(args, "batch_invariant_mode", False) and not _triton_installed():
+        from ...ops.triton_shim import TritonUnavailable
+
+        raise TritonUnavailable(
+            "--batch-invariant-mode replaces torch's matmul, log_softmax and mean with triton kernels (and patches "
+            "Transformer Engine's GEMMs), and triton is not installed: the npu/cpu target has no backend to run them. "
+            "Remove --batch-invariant-mode.")
+
+
 def validate_args(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``megatron.training.arguments.validate_args`` with the variable Megatron's checks ask for."""
     namespace = args[0] if args else kwargs.get("args")
+    refuse_unsupported(namespace)
     with _presented(megatron_expects(namespace)):
         return wrapped(*args, **kwargs)
 
