@@ -3,7 +3,8 @@
 The ring's block forward/backward against autograd through textbook attention (cpu path, and the npu
 path with reference kernels of npu_fusion_attention / npu_fusion_attention_grad injected); then every
 comm type over real gloo processes: 4 processes run CP4 with p2p, all_gather, a2a and a2a+p2p
-(hierarchical 2 x 2) and CP2 on two of them, forward and backward, against full attention.
+(hierarchical 2 x 2) and CP2 on two of them, forward and backward, against full attention; p2p and a2a+p2p
+also on the npu path (reference kernels in the kernel table, as the hccl target would run them).
 """
 
 from __future__ import annotations
@@ -126,9 +127,13 @@ def _cp_worker(rank, world, port, out_dir):
         full = {"q": torch.randn(b, s, h, d), "k": torch.randn(b, s, g, d), "v": torch.randn(b, s, g, d),
                 "dout": torch.randn(b, s, h, d)}
         results = {}
-        runs = [("p2p", "cp4", 4), ("all_gather", "cp4", 4), ("a2a", "cp4", 4), ("a2a+p2p", "cp4", 4),
-                ("p2p", "cp2", 2)]
-        for comm, name, size in runs:
+        # the npu path: reference kernels of npu_fusion_attention(_grad) in the kernel table
+        npu = KernelTable({"npu_fusion_attention": reference_npu_fusion_attention,
+                           "npu_fusion_attention_grad": reference_npu_fusion_attention_grad})
+        runs = [("p2p", "cp4", 4, None), ("all_gather", "cp4", 4, None), ("a2a", "cp4", 4, None),
+                ("a2a+p2p", "cp4", 4, None), ("p2p", "cp2", 2, None), ("p2p", "cp4", 4, npu),
+                ("a2a+p2p", "cp4", 4, npu)]
+        for comm, name, size, kernels in runs:
             for causal in (True, False):
                 if rank >= size:
                     continue
@@ -140,9 +145,10 @@ def _cp_worker(rank, world, port, out_dir):
                 local = {n: torch.cat([c[mine[0]], c[mine[1]]], 1).clone() for n, c in chunks.items()}
                 leaves = [local[n].requires_grad_(True) for n in "qkv"]
                 out = context_parallel_attention(*leaves, comm_type=comm, group=group, causal=causal, scale=0.3,
-                                                 global_ranks=list(range(size)))
+                                                 kernels=kernels, global_ranks=list(range(size)))
                 out.backward(local["dout"])
-                results[(comm, size, causal)] = {"out": out.detach(), **{f"d{n}": t.grad for n, t in zip("qkv", leaves)}}
+                key = (comm, size, causal, "npu" if kernels else "cpu")
+                results[key] = {"out": out.detach(), **{f"d{n}": t.grad for n, t in zip("qkv", leaves)}}
         torch.save({"results": results, "full": full}, os.path.join(out_dir, f"rank{rank}.pt"))
         dist.destroy_process_group()
     finally:
@@ -163,11 +169,12 @@ def test_every_comm_type_equals_full_attention_forward_and_backward(tmp_path):
         ref_out, _ = explicit(*leaves, causal, 0.3)
         ref_out.backward(full["dout"])
         reference = {"out": ref_out.detach(), **{f"d{n}": t.grad for n, t in zip("qkv", leaves)}}
-        for comm, size in (("p2p", 4), ("all_gather", 4), ("a2a", 4), ("a2a+p2p", 4), ("p2p", 2)):
+        for comm, size, path in (("p2p", 4, "cpu"), ("all_gather", 4, "cpu"), ("a2a", 4, "cpu"),
+                                 ("a2a+p2p", 4, "cpu"), ("p2p", 2, "cpu"), ("p2p", 4, "npu"), ("a2a+p2p", 4, "npu")):
             for rank in range(size):
-                got = saved[rank]["results"][(comm, size, causal)]
+                got = saved[rank]["results"][(comm, size, causal, path)]
                 for name, tensor in reference.items():
                     c = tensor.chunk(2 * size, 1)
                     expected = torch.cat([c[rank], c[2 * size - 1 - rank]], 1)
                     torch.testing.assert_close(got[name], expected, rtol=1e-5, atol=1e-5,
-                                               msg=f"{comm} CP{size} causal={causal} rank {rank} {name}")
+                                               msg=f"{comm} CP{size} {path} causal={causal} rank {rank} {name}")
