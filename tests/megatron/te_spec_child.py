@@ -24,6 +24,8 @@ from megatron.core.models.gpt.gpt_layer_specs import (  # noqa: E402
 from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed  # noqa: E402
 from megatron.core.transformer.transformer_config import TransformerConfig  # noqa: E402
 
+from ascend_patch.loaders.mcore_keys import te_names  # noqa: E402
+
 # TE naming -> local naming: TE fuses the pre-attention / pre-MLP norms into linear_qkv / linear_fc1
 RENAME = {"self_attention.linear_qkv.layer_norm_": "input_layernorm.", "mlp.linear_fc1.layer_norm_": "pre_mlp_layernorm."}
 STYLES = {
@@ -95,6 +97,8 @@ def main() -> None:
             "only_te": sorted(set(mapped) - set(local_state)),
             "only_local": sorted(set(local_state) - set(mapped)),
             "same_weights": all(torch.equal(mapped[k], local_state[k]) for k in mapped if k in local_state),
+            # the converter's TE spelling of the local key set (loaders.mcore_keys.te_names) is what the layer builds
+            "converter_te_names": sorted(te_names(dict.fromkeys(local_state))) == sorted(te_state),
             "te_losses": train(te_model, tokens, labels),
             "local_losses": train(local_model, tokens, labels),
         }
