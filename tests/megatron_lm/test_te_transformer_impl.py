@@ -1,8 +1,9 @@
 """Megatron-LM's pretrain_gpt.py, unchanged, with its default ``--transformer-impl transformer_engine`` on
 ascend_patch's Transformer-Engine-compatible layer, and context parallelism through it.
 
-* GPT-style at TP2 and llama-style (RoPE, SwiGLU, RMSNorm, GQA, untied) at TP1: the default impl
-  trains with the numbers of ``--transformer-impl local`` (fp32, 1e-5 relative per iteration). The
+* GPT-style at TP2 with sequence parallelism and llama-style (RoPE, SwiGLU, RMSNorm, GQA, untied) at
+  TP1: the default impl trains with the numbers of ``--transformer-impl local`` (fp32, 1e-5 relative
+  per iteration). The
   same initial weights come from the same seed and init order: the TE layers draw megatron's
   model-parallel RNG stream exactly as the local layers do (no checkpoint conversion). Attention
   dropout is 0 because the two impls draw their attention-dropout masks differently (TE's kernel vs
@@ -47,7 +48,7 @@ def assert_same_numbers(got, expected, rel=1e-5):
 
 @pytest.fixture(scope="module")
 def gpt_tp2(megatron_lm, tmp_path_factory):
-    base = (*TINY_GPT, *ITERS, "--tensor-model-parallel-size", "2", "--attention-dropout", "0.0")
+    base = (*TINY_GPT, *ITERS, "--tensor-model-parallel-size", "2", "--sequence-parallel", "--attention-dropout", "0.0")
     te_dir = tmp_path_factory.mktemp("te-tp2")
     # the default impl (no --transformer-impl), saving its checkpoint to show the TE layout
     te = megatron_lm.run([*base, "--save", str(te_dir / "ckpt"), "--save-interval", "3", "--ckpt-format", "torch"],
@@ -78,7 +79,7 @@ def cp_runs(megatron_lm, tmp_path_factory):
     return get
 
 
-def test_default_impl_tp2_trains_like_local(gpt_tp2):
+def test_default_impl_tp2_sp_trains_like_local(gpt_tp2):
     te, local = gpt_tp2
     assert_same_numbers(te, local)
     assert te.losses[2] < te.losses[1] < te.losses[0]

@@ -89,12 +89,13 @@ class _ParallelLinear(TEModule):
         self.get_rng_state_tracker = get_rng_state_tracker
         self.rng_tracker_name = rng_tracker_name
         self.in_features, self.out_features = in_features, out_features
-        for name, full in (("in_features", in_features), ("out_features", out_features)):
-            if (name == "out_features") == (parallel_mode == "column") and parallel_mode is not None:
-                if full % self.tp_size:
-                    raise ValueError(f"transformer_engine.pytorch.{api}: {name}={full} is not divisible by the "
-                                     f"tensor-parallel size {self.tp_size}")
-                setattr(self, name, full // self.tp_size)
+        split = {"column": "out_features", "row": "in_features"}.get(parallel_mode or "")
+        if split is not None:  # this rank's shard of the split dimension
+            full = getattr(self, split)
+            if full % self.tp_size:
+                raise ValueError(f"transformer_engine.pytorch.{api}: {split}={full} is not divisible by the "
+                                 f"tensor-parallel size {self.tp_size}")
+            setattr(self, split, full // self.tp_size)
         dtype = params_dtype or torch.get_default_dtype()
         where = target_device(device, self.backend)
         self.weight = torch.nn.Parameter(torch.empty(self.out_features, self.in_features, dtype=dtype, device=where))
