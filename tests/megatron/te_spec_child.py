@@ -27,7 +27,8 @@ from megatron.core.transformer.transformer_config import TransformerConfig  # no
 from ascend_patch.loaders.mcore_keys import te_names  # noqa: E402
 
 # TE naming -> local naming: TE fuses the pre-attention / pre-MLP norms into linear_qkv / linear_fc1
-RENAME = {"self_attention.linear_qkv.layer_norm_": "input_layernorm.", "mlp.linear_fc1.layer_norm_": "pre_mlp_layernorm."}
+RENAME = {"self_attention.linear_qkv.layer_norm_": "input_layernorm.",
+          "mlp.linear_fc1.layer_norm_": "pre_mlp_layernorm."}
 STYLES = {
     "gpt": dict(),
     "llama": dict(normalization="RMSNorm", gated_linear_unit=True, activation_func=F.silu, num_query_groups=2,

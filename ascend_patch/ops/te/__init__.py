@@ -127,5 +127,5 @@ SURFACE: dict[str, tuple[str, Builder, tuple[str, ...]]] = {
 
 
 def surface(catalog: Any, name: str) -> dict[str, Any]:
-    """The attributes of shim module ``name`` built from ``catalog`` (a :class:`~ascend_patch.ops.shims.ShimCatalog`)."""
+    """The attributes of shim module ``name``, built from ``catalog`` (an ``ops.shims.ShimCatalog``)."""
     return SURFACE[name][1](catalog)
