@@ -179,7 +179,7 @@ class Linear(_ParallelLinear):
                        ub={"ub_overlap_ag": ub_overlap_ag, "ub_overlap_rs": ub_overlap_rs,
                            "ub_overlap_rs_dgrad": ub_overlap_rs_dgrad, "ub_bulk_dgrad": ub_bulk_dgrad,
                            "ub_bulk_wgrad": ub_bulk_wgrad})
-        self.name = name
+        self.name, self.ub_name = name, ub_name
         self.save_original_input = save_original_input  # the input is always kept in full precision here
         self._setup_linear("Linear", in_features, out_features, sequence_parallel=sequence_parallel,
                            fuse_wgrad_accumulation=fuse_wgrad_accumulation, tp_group=tp_group, tp_size=tp_size,
@@ -216,7 +216,7 @@ class LayerNormLinear(_ParallelLinear):
         if return_layernorm_output_gathered:
             raise refuse("LayerNormLinear", "return_layernorm_output_gathered=True", "the norm output is returned "
                          "as the local shard", "use return_layernorm_output=True and gather it yourself")
-        self.name = name
+        self.name, self.ub_name = name, ub_name
         self.eps = eps
         self.normalization = normalization
         self.zero_centered_gamma = zero_centered_gamma
