@@ -1,0 +1,112 @@
+"""A Qwen3 checkpoint converted by ``ascend-patch convert`` (TP2 PP2) finetunes in Megatron-LM's pretrain_gpt.py.
+
+Only the command line and transformers: a tiny random Qwen3 is made from a transformers config,
+converted with ``ascend-patch convert``, and launched with the arguments ``ascend-patch args``
+prints plus ``--spec qwen3`` (the family the args command names), ``--load ... --finetune
+--ckpt-format torch`` and the parallel layout.
+
+The tokens are known without re-implementing Megatron's data pipeline: the data set is one
+document repeating a random 64-token pattern, so every 65-token training window Megatron cuts from
+it (whatever its shuffle picks) is the pattern followed by its first token.
+
+Megatron-LM computes its loss over the padded vocabulary (300 tokens -> 512 rows at TP2), and the
+converter writes zero rows there, whose logits are 0: the first-iteration loss must equal the
+cross entropy of transformers' logits with 212 zero logits appended (it is log(1 + 212/Z) above
+transformers' own loss over 300 tokens, 0.50 nats for this random model; with an unpadded
+vocabulary the two are the same). fp32.
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from helpers import child_env
+
+pytestmark = pytest.mark.slow
+
+SEQ, VOCAB, TP, PP = 64, 300, 2, 2
+PADDED = 512  # 300 rounded up to a multiple of 128 x TP: what Megatron builds and the converter writes
+
+
+def _cli(*args: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "ascend_patch.cli", *args], env=child_env(ASCEND_PATCH="0"),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def _tiny_qwen3(path):
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.Qwen3Config(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=24, rms_norm_eps=1e-6, max_position_embeddings=128, tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
+    model = transformers.Qwen3ForCausalLM(config).eval()
+    with torch.no_grad():  # every weight non-trivial, norms around 1
+        for name, p in model.named_parameters():
+            p.copy_(1.0 + 0.1 * torch.randn_like(p) if name.endswith("norm.weight") else 0.05 * torch.randn_like(p))
+    model.save_pretrained(path)
+    return model
+
+
+def _periodic_data(prefix, pattern):
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder, get_bin_path, get_idx_path
+
+    document = np.tile(pattern, 16)  # a multiple of SEQ: the stream stays periodic across epochs
+    builder = IndexedDatasetBuilder(get_bin_path(prefix), dtype=np.int32)
+    builder.add_document(document, [len(document)])
+    builder.finalize(get_idx_path(prefix))
+
+
+@pytest.fixture(scope="module")
+def qwen3_run(megatron_lm, tmp_path_factory):
+    work = tmp_path_factory.mktemp("qwen3")
+    model = _tiny_qwen3(work / "hf")
+    pattern = np.random.default_rng(1).integers(0, VOCAB, SEQ)
+    _periodic_data(str(work / "periodic"), pattern)
+    _cli("convert", "--load-model-type", "hf", "--save-model-type", "mg", "--model-type-hf", "qwen3",
+         "--target-tensor-parallel-size", str(TP), "--target-pipeline-parallel-size", str(PP),
+         "--load-dir", str(work / "hf"), "--save-dir", str(work / "mg"))
+    printed = _cli("args", "--hf-config", str(work / "hf"), "--tensor-model-parallel-size", str(TP), "--format", "argv")
+    model_args = shlex.split(printed)
+    run = megatron_lm.run([
+        *model_args, "--spec", "qwen3", "--transformer-impl", "local",
+        "--tensor-model-parallel-size", str(TP), "--pipeline-model-parallel-size", str(PP),
+        "--load", str(work / "mg"), "--finetune", "--ckpt-format", "torch",
+        # transformers' Qwen3 has no dropout; `ascend-patch args` does not say so (Megatron's default is 0.1)
+        "--hidden-dropout", "0", "--attention-dropout", "0",
+        "--tokenizer-type", "NullTokenizer", "--data-path", str(work / "periodic"), "--split", "100,0,0",
+        "--seq-length", str(SEQ), "--micro-batch-size", "1", "--global-batch-size", "2", "--train-iters", "2",
+        "--lr", "1e-4", "--log-interval", "1", "--eval-iters", "0", "--eval-interval", "1000",
+    ], work / "run", nproc=TP * PP)
+    window = torch.tensor(np.concatenate([pattern, pattern[:1]]))
+    with torch.no_grad():
+        logits = model(window[None, :-1]).logits[0].double()
+    return run, model_args, logits, window[1:]
+
+
+def test_the_printed_args_are_the_converted_model(qwen3_run):
+    _, model_args, _, _ = qwen3_run
+    for flag in ("--qk-layernorm", "--swiglu", "--disable-bias-linear", "--group-query-attention"):
+        assert flag in model_args
+    assert model_args[model_args.index("--kv-channels") + 1] == "24"
+    assert model_args[model_args.index("--vocab-size") + 1] == str(VOCAB)
+
+
+def test_the_first_iteration_loss_is_transformers_on_the_same_tokens(qwen3_run):
+    run, _, logits, labels = qwen3_run
+    padded = torch.cat([logits, torch.zeros(SEQ, PADDED - VOCAB, dtype=logits.dtype)], dim=1)
+    expected = torch.nn.functional.cross_entropy(padded, labels).item()
+    transformers_loss = torch.nn.functional.cross_entropy(logits, labels).item()
+    first = run.record(1)["losses"]["lm loss"]
+    assert first == pytest.approx(expected, rel=1e-5), (first, expected, transformers_loss)
+    assert first - transformers_loss == pytest.approx(0.504, abs=0.01)  # the 212 zero rows, nothing else
+    assert run.record(2)["losses"]["lm loss"] < first  # and it trains
