@@ -5,6 +5,9 @@ implementation with the stock op's semantics (the cpu path) and the npu path, wh
 calls the torch_npu kernel taken from the backend's kernel table at call time:
 
 * :mod:`.attention` / :mod:`.attention_npu` - flash-attn 2 (``flash_attn_func`` ...)
+* :mod:`.context_parallel` / :mod:`.attention_block` - context-parallel attention (p2p ring,
+  all_gather, a2a, a2a+p2p) on Megatron's load-balanced sequence split
+* :mod:`.te` - the Transformer-Engine-compatible layer (``transformer_engine`` shim)
 * :mod:`.optim` - apex / Transformer Engine FusedAdam, FusedSGD
 * :mod:`.norm` / :mod:`.norm_apex` - layer/RMS norm, apex's norm modules, ``fused_layer_norm_cuda``
 * :mod:`.rope` - flash-attn ``apply_rotary_emb``, megatron-core fused RoPE
@@ -22,7 +25,9 @@ from __future__ import annotations
 
 __all__ = [
     "attention",
+    "attention_block",
     "attention_npu",
+    "context_parallel",
     "megatron",
     "multi_tensor",
     "norm",
@@ -32,4 +37,5 @@ __all__ = [
     "shims",
     "softmax",
     "swiglu",
+    "te",
 ]

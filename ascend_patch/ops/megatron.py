@@ -5,7 +5,8 @@ the torch-norm path). Every patch is for ``megatron-core >=0.16,<0.17`` and wait
 its module to be imported:
 
 * ``models.common.embeddings.rope_utils``: ``fused_apply_rotary_pos_emb`` and
-  ``fused_apply_rotary_pos_emb_thd`` (None without Transformer Engine; ``apply_rope_fusion``
+  ``fused_apply_rotary_pos_emb_thd`` (None without Transformer Engine's fused RoPE, which the
+  transformer_engine layer does not provide; ``apply_rope_fusion``
   asserts on them) -> :mod:`.rope`;
 * ``fusions.fused_bias_swiglu:bias_swiglu_impl`` and ``fusions.fused_bias_gelu:bias_gelu_impl``
   (``torch.compile``-built) -> :mod:`.swiglu`;
@@ -17,7 +18,8 @@ megatron's fused layer norm needs no patch: ``fusions.fused_layer_norm`` imports
 :mod:`.norm`'s. (Imported before ascend_patch, megatron's layer specs have already chosen
 the torch norm, so patching the module afterwards would not reach them.)
 
-The ``transformer_engine`` shim itself is hidden from megatron-core (see :mod:`.shims`).
+The ``transformer_engine`` shim (the TE layer of :mod:`.te`) needs no megatron-core patch: megatron's
+own TE wrappers build on it.
 """
 
 from __future__ import annotations

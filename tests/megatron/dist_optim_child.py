@@ -1,7 +1,7 @@
 """Child process for test_mcore_dist_optimizer: a distributed-optimizer resume under ascend_patch.
 
 argv: ORDER MODE STORE_DIR. ORDER "after": megatron-core is imported after the patch (it finds the
-apex shim: FusedAdam, the step in the param groups); "before": imported first (torch's Adam, a
+transformer_engine shim: TE's FusedAdam, the step in the param groups); "before": imported first (torch's Adam, a
 'step' tensor per parameter). MODE "patched", or "no_set_states" / "no_own_steps": that wrapper of
 DistributedOptimizer is taken off again (the stock method), to show what it does; "no_grad_only":
 the stock ``_set_main_param_and_optimizer_states`` run with autograd off only.

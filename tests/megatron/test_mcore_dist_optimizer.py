@@ -3,8 +3,9 @@
 A child process trains a tiny GPTModel with the distributed optimizer, saves the optimizer the way
 Megatron's legacy checkpoint does (``state_dict()`` + ``save_parameter_state``), and resumes into a
 fresh model: steps 4 and 5 must equal the uninterrupted run exactly. Both import orders are real:
-megatron-core imported after ascend_patch finds the apex shim (FusedAdam, step in the param groups);
-imported before, it builds torch's AdamW (a ``step`` tensor per parameter). Taking a wrapper off
+megatron-core imported after ascend_patch finds the transformer_engine shim (TE's FusedAdam, which it
+prefers to apex's; step in the param groups); imported before, it builds torch's AdamW (a ``step``
+tensor per parameter). Taking a wrapper off
 again shows what it fixes.
 """
 
@@ -32,7 +33,7 @@ def resume(tmp_path, order: str, mode: str) -> dict:
     return json.loads(lines[-1][len("RESULT "):])
 
 
-@pytest.mark.parametrize("order,optimizer", [("after", "apex.optimizers.fused_adam.FusedAdam"),
+@pytest.mark.parametrize("order,optimizer", [("after", "transformer_engine.pytorch.optimizers.fused_adam.FusedAdam"),
                                              ("before", "torch.optim.adamw.AdamW")])
 def test_resume_with_the_distributed_optimizer_is_exact(tmp_path, order, optimizer):
     r = resume(tmp_path, order, "patched")
