@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
-import importlib
+import importlib.util
 import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers import REPO
 from mcore_run import mcore_world  # noqa: F401  (fixture)
 
 EXPERTS, HIDDEN, FFN = 4, 32, 48
+
+
+def _npu_references():
+    """tests/ops/npu_references.py (the documented torch_npu kernels), loaded by path: a second
+    ``tests/ops`` entry on sys.path would shadow this folder's modules."""
+    spec = importlib.util.spec_from_file_location("moe_npu_references", f"{REPO}/tests/ops/npu_references.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def moe_layer(grouped: bool, dispatcher: str, glu: bool = True, bf16: bool = False):
@@ -140,3 +150,42 @@ def test_grouped_gemm_shim_reaches_megatron_imported_before_apply(cpu_settings):
     finally:
         ascend_patch.remove()
     assert (gg.grouped_gemm, gg.ops) == before and "grouped_gemm" not in sys.modules
+
+
+def test_grouped_mlp_on_the_npu_kernel(cpu_settings, tmp_path):
+    """GroupedMLP through the shim's gmm with npu_grouped_matmul injected: the values of the cpu path,
+    one kernel call per GEMM (fc1, fc2 forward; input and weight gradient of each backward)."""
+    import ascend_patch
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    from ascend_patch.backend import cpu_backend
+
+    refs = _npu_references()
+    CallLog, reference_npu_grouped_matmul = refs.CallLog, refs.reference_npu_grouped_matmul
+
+    backend = cpu_backend("tests: npu_grouped_matmul injected")
+    ascend_patch.apply(cpu_settings, backend=backend)
+    dist.init_process_group("nccl", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        parallel_state.initialize_model_parallel(1, 1)
+        model_parallel_cuda_manual_seed(1234)
+        torch.manual_seed(0)
+        sequential, grouped = moe_layer(False, "alltoall"), moe_layer(True, "alltoall")
+        copy_into_grouped(sequential, grouped)
+        x = torch.randn(16, 2, HIDDEN)
+        want = run(sequential, x)
+        log = CallLog(reference_npu_grouped_matmul)
+        with backend.kernels.override(npu_grouped_matmul=log):
+            got = run(grouped, x)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+        assert [c["group_type"] for c in log.calls] == [0, 0, 0, 2, 0, 2]  # fc1, fc2, then fc2's and fc1's grads
+        sizes = log.calls[0]["group_list"].tolist()
+        assert sum(sizes) == 16 * 2 * 2 and len(sizes) == EXPERTS  # every token routed to its top 2
+        assert all(c["group_list"].tolist() == sizes for c in log.calls)
+    finally:
+        parallel_state.destroy_model_parallel()
+        dist.destroy_process_group()
+        ascend_patch.remove()
