@@ -47,6 +47,10 @@ VARIABLES: tuple[_Var, ...] = (
          "comma-separated plugin names that are not loaded."),
     _Var("ASCEND_PATCH_AUTOLOAD", "autoload", ("0", "1"), "0",
          "1 patches every Python process that starts (through the installed .pth file)."),
+    _Var("ASCEND_PATCH_TRAINING_LOG", "training_log", None, "",
+         "a file path: Megatron-LM's training loop also appends each iteration's losses, grad norm, "
+         "learning rate and loss scale there as JSON lines, with full precision (written by the rank "
+         "that prints Megatron's log line)."),
 )
 _BY_NAME = {v.name: v for v in VARIABLES}
 
@@ -62,6 +66,7 @@ class Settings:
     cuda_is_available: bool = True
     disable_plugins: tuple[str, ...] = field(default_factory=tuple)
     autoload: bool = False
+    training_log: str = ""
 
     def with_(self, **changes: object) -> Settings:
         """A copy with some fields changed (used by the CLI's flags)."""

@@ -36,6 +36,7 @@ BUILTIN_PLUGINS: dict[str, str] = {
     "ops": "ascend_patch.ops.plugin",
     "loaders": "ascend_patch.loaders.plugin",
     "megatron": "ascend_patch.adaptors.megatron.plugin",
+    "megatron_training": "ascend_patch.adaptors.megatron_training.plugin",
 }
 
 

@@ -3,7 +3,7 @@
 Every built-in plugin's ``ascend_patch_register_patches`` hook is asked for its patches on
 the cpu target and on an npu stand-in (a backend named ``npu`` whose kernel table lists every
 kernel the adaptors may use, so its patches are what an Ascend host registers); the patches
-that reach into megatron-core (target module ``megatron.*``, or owned by the Megatron plugin,
+that reach into megatron-core or Megatron-LM (target module ``megatron.*``, or owned by the Megatron plugins,
 like the ``fused_weight_gradient_mlp_cuda`` shim) become the table, whichever plugin owns them.
 The doc holds this output between two markers, and a test compares them, so the list cannot
 drift from the code. Regenerate with::
@@ -55,7 +55,7 @@ def _collect(backend: Any) -> list[Any]:
 
 
 def _is_megatron(patch: Any) -> bool:
-    return patch.target.startswith("megatron.") or patch.owner == "megatron"
+    return patch.target.startswith("megatron.") or patch.owner in ("megatron", "megatron_training")
 
 
 def megatron_patches_by_target() -> dict[str, dict[str, Any]]:

@@ -1,0 +1,144 @@
+"""The Megatron-LM plugin's patches, one by one, in this process (the launches are in test_pretrain_gpt_*)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import types
+
+import pytest
+import torch
+
+from ascend_patch.adaptors.megatron_training import arguments, initialize, training_log
+from ascend_patch.adaptors.megatron_training.plugin import training_patches
+from ascend_patch.backend import cpu_backend
+from ascend_patch.config import Settings
+
+
+def test_every_megatron_lm_patch_is_ranged_and_the_log_patch_exists_only_when_asked():
+    plain = training_patches(cpu_backend())
+    for patch in plain:
+        if patch.target.startswith("megatron."):
+            assert (patch.package, patch.versions) == ("megatron-core", ">=0.16,<0.17"), patch.target
+        assert patch.reason
+    targets = {p.target for p in plain}
+    assert "megatron.training.training:training_log" not in targets
+    assert {"megatron.legacy.fused_kernels:load", "megatron.core.datasets.utils:compile_helpers",
+            "megatron.training.arguments:validate_args", "triton"} <= targets
+    logged = training_patches(cpu_backend(), Settings(training_log="/tmp/x.jsonl"))
+    assert "megatron.training.training:training_log" in {p.target for p in logged}
+
+
+def test_compile_helpers_skips_make_only_when_the_compiled_helpers_import(monkeypatch):
+    calls = []
+
+    def make(*args, **kwargs):
+        calls.append(args)
+        return "built"
+
+    assert initialize.compile_helpers(make, None, (), {}) is None  # the wheel ships helpers_cpp
+    assert calls == []
+    monkeypatch.setattr(initialize, "HELPERS_MODULE", "megatron.core.datasets.no_such_helpers")
+    assert initialize.compile_helpers(make, None, (), {}) == "built"  # a source tree still builds
+    assert calls == [()]
+
+
+def test_compile_helpers_under_the_patch_never_runs_make(patched, monkeypatch):
+    import megatron.core.datasets.utils as dutils
+
+    def no_make(*args, **kwargs):
+        raise AssertionError(f"make was run: {args}")
+
+    monkeypatch.setattr(subprocess, "run", no_make)
+    assert dutils.compile_helpers() is None
+    from megatron.core.datasets import helpers  # the compiled module the build would have made
+
+    assert helpers.build_sample_idx_int32 is not None
+
+
+def _run_validate(namespace, environ_value, monkeypatch):
+    if environ_value is None:
+        monkeypatch.delenv(arguments.VARIABLE, raising=False)
+    else:
+        monkeypatch.setenv(arguments.VARIABLE, environ_value)
+    seen = []
+    arguments.validate_args(lambda args, defaults=None: seen.append(os.environ.get(arguments.VARIABLE)),
+                            None, (namespace, {}), {})
+    return seen[0], os.environ.get(arguments.VARIABLE)
+
+
+@pytest.mark.parametrize("user_value", [None, "8"])
+def test_validate_args_sees_what_megatron_asks_for_and_the_environment_is_put_back(monkeypatch, user_value):
+    tp2 = types.SimpleNamespace(tensor_model_parallel_size=2, context_parallel_size=1)
+    cp2 = types.SimpleNamespace(tensor_model_parallel_size=1, context_parallel_size=2)
+    fsdp = types.SimpleNamespace(tensor_model_parallel_size=2, context_parallel_size=1, use_megatron_fsdp=True)
+    plain = types.SimpleNamespace(tensor_model_parallel_size=1, context_parallel_size=1)
+    assert _run_validate(tp2, user_value, monkeypatch) == ("1", user_value)
+    assert _run_validate(cp2, user_value, monkeypatch) == ("1", user_value)
+    assert _run_validate(fsdp, user_value, monkeypatch) == (None, user_value)
+    assert _run_validate(plain, user_value, monkeypatch) == (user_value, user_value)
+
+
+def test_validate_args_puts_the_environment_back_when_megatron_refuses(monkeypatch):
+    monkeypatch.delenv(arguments.VARIABLE, raising=False)
+
+    def refuse(args, defaults=None):
+        raise AssertionError("some other argument is wrong")
+
+    with pytest.raises(AssertionError, match="some other argument"):
+        arguments.validate_args(refuse, None, (types.SimpleNamespace(tensor_model_parallel_size=2),), {})
+    assert arguments.VARIABLE not in os.environ
+
+
+def test_the_speed_advice_is_marked_given_and_restored(cpu_settings):
+    import ascend_patch
+    from megatron.core.tensor_parallel import layers
+
+    fn = layers.linear_with_grad_accumulation_and_async_allreduce
+    before = fn.warned
+    ascend_patch.apply(cpu_settings)
+    try:
+        assert fn.warned is True
+    finally:
+        ascend_patch.remove()
+    assert fn.warned is before
+
+
+def test_the_training_log_writes_full_precision_records_on_the_printing_rank(tmp_path):
+    path = tmp_path / "log.jsonl"
+    log = training_log.TrainingLog(str(path))
+
+    def training_log_stock(loss_dict, total_loss_dict, learning_rate, iteration, loss_scale, report_memory_flag,
+                           skipped_iter, grad_norm, params_norm, num_zeros_in_grad, max_attention_logit,
+                           pg_collection=None, is_first_iteration=False):
+        return "flag"
+
+    loss = torch.tensor(5.545461654663086, dtype=torch.float32)
+    assert log(training_log_stock, None, ({"lm loss": loss}, {}, 7.75e-4, 1, 1.0, True, 0, 1.2075127363204956,
+                                          None, None, None), {"is_first_iteration": True}) == "flag"
+    assert log(training_log_stock, None, ({}, {}, 7.75e-4, 2, 1.0, True, 0, 1.1, None, None, None), {}) == "flag"
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert records == [{"iteration": 1, "losses": {"lm loss": loss.item()}, "grad_norm": 1.2075127363204956,
+                        "learning_rate": 7.75e-4, "loss_scale": 1.0, "skipped": False, "params_norm": None,
+                        "num_zeros_in_grad": None}]  # iteration 2 had no losses here (not the last stage)
+    assert records[0]["losses"]["lm loss"] == float(loss)  # the exact fp32 value, not the printed 5.545462
+
+
+def test_fused_kernels_load_is_a_no_op_and_restored(megatron_lm, cpu_settings, monkeypatch):
+    import ascend_patch
+
+    monkeypatch.syspath_prepend(str(megatron_lm.root))
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "")  # the module sets it at import; monkeypatch restores it
+    from megatron.legacy import fused_kernels
+
+    original = fused_kernels.load
+    with pytest.raises(Exception):  # what every launch died of: nvcc is not there
+        original(types.SimpleNamespace(rank=0))
+    ascend_patch.apply(cpu_settings)
+    try:
+        assert fused_kernels.load(types.SimpleNamespace(rank=0)) is None
+    finally:
+        ascend_patch.remove()
+    assert fused_kernels.load is original
