@@ -40,6 +40,7 @@ __all__ = [
 # The torch_npu kernels the ops adaptors may call (documented torch_npu API).
 NPU_KERNEL_NAMES: tuple[str, ...] = (
     "npu_fusion_attention",
+    "npu_fusion_attention_grad",
     "npu_rms_norm",
     "npu_rotary_mul",
     "npu_swiglu",

@@ -7,9 +7,9 @@ naming it and what to use instead.
 
 :class:`ShimCatalog` builds the adapted objects once per apply, bound to the backend, so
 ``apex.optimizers.FusedAdam is apex.optimizers.fused_adam.FusedAdam``. The
-``transformer_engine`` shim is hidden from megatron-core (``Patch.hidden_from``): megatron
-treats an importable ``transformer_engine`` as a full Transformer Engine install (TE layers,
-fp8, version checks) and would break; it falls back to the apex shim and its local spec.
+``transformer_engine`` shim is the Transformer-Engine-compatible layer of :mod:`.te`
+(modules and their attributes declared in :data:`ascend_patch.ops.te.SURFACE`); megatron-core
+sees it and builds its TE layer spec on it.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..shim import SHIM_INIT, ShimModule
+from .te import SURFACE as _TE_SURFACE
 
 __all__ = ["HIDDEN_FROM", "SHIM_NAMES", "ShimCatalog", "shim_patches"]
 
@@ -30,12 +31,12 @@ SHIM_NAMES: tuple[str, ...] = (
     "apex.contrib", "apex.contrib.layer_norm", "apex.contrib.layer_norm.layer_norm",
     "amp_C", "fused_layer_norm_cuda",
     "flash_attn", "flash_attn.flash_attn_interface", "flash_attn.layers", "flash_attn.layers.rotary",
-    "transformer_engine", "transformer_engine.pytorch", "transformer_engine.pytorch.optimizers",
+    *_TE_SURFACE,
 )
 
-# shims some packages must not see: megatron-core reads an importable transformer_engine as a
-# full TE install (TE layers, fp8 tensors, version checks) and breaks at import
-HIDDEN_FROM: dict[str, tuple[str, ...]] = {"transformer_engine": ("megatron",)}
+# shims some packages must not see (top-level package -> importers it stays missing to); none today:
+# transformer_engine used to be hidden from megatron-core, which now builds its TE spec on the shim
+HIDDEN_FROM: dict[str, tuple[str, ...]] = {}
 
 _AMP = "use torch.amp (torch.autocast + torch.amp.GradScaler), which ascend_patch maps onto the target"
 _APEX_HINTS = {
@@ -82,9 +83,13 @@ _ROTARY_HINTS = {
     "*": "the shim provides apply_rotary_emb, apply_rotary_emb_func, apply_rotary_emb_torch and rotate_half",
 }
 _TE_HINTS = {
-    "*": "only transformer_engine.pytorch.optimizers is provided on this target; use megatron-core's local "
-         "layer spec (TE layers, fp8 and userbuffers are not available), apex.normalization.FusedRMSNorm "
-         "or torch.nn for norms",
+    "ops": "TE's operation-based API is not provided; drop --use-te-activation-func and "
+           "--use-transformer-engine-op-fuser",
+    "module": "TE's userbuffers (--tp-comm-overlap) are not available on this target; drop --tp-comm-overlap",
+    "attention": "TE's fused RoPE / packed-QKV helpers are not provided; megatron-core falls back to its own",
+    "*": "ascend_patch's transformer_engine layer provides transformer_engine.pytorch.Linear, LayerNormLinear, "
+         "LayerNorm, RMSNorm, DotProductAttention, fp8_autocast (FP8 off), .optimizers, .distributed's RNG "
+         "tracker and transformer_engine.common.recipe; see docs/megatron.md for the coverage table",
 }
 _TE_OPT_HINTS = {
     "multi_tensor_adam_fp8": "fp8 optimizer states are not supported; use multi_tensor_adam",
@@ -206,10 +211,24 @@ class ShimCatalog:
                 "multi_tensor_adam": self.multi_tensor["multi_tensor_adam"],
                 "multi_tensor_sgd": self.multi_tensor["multi_tensor_sgd"]}
 
+    def te_bound(self, cls: type, name: str, module: str) -> type:
+        """``cls`` as the shim's class ``name``, bound to this catalog's backend (one class per name per apply)."""
+        bound = self._te_classes.get(name)
+        if bound is None:
+            attr = "_bound_backend" if "_bound_backend" in dir(cls) else "backend"
+            bound = self._te_classes[name] = _named(cls, name, module, **{attr: self.backend})
+        return bound
+
+    @functools.cached_property
+    def _te_classes(self) -> dict[str, type]:
+        return {}
+
     # -- builders: name -> module ------------------------------------------------------------
 
     def build(self, name: str) -> ShimModule:
         """The shim module called ``name`` (one of :data:`SHIM_NAMES`)."""
+        if name in _TE_SURFACE:
+            return self._te_module(name)
         builder = getattr(self, "_" + name.replace(".", "_"), None)
         if builder is None:
             raise KeyError(f"no shim called {name!r}; known: {', '.join(SHIM_NAMES)}")
@@ -294,14 +313,18 @@ class ShimCatalog:
     def _flash_attn_layers_rotary(self, name: str) -> ShimModule:
         return _module(name, "apply_rotary_emb", _ROTARY_HINTS, dict(self.rotary))
 
-    def _transformer_engine(self, name: str) -> ShimModule:
-        return _module(name, "transformer_engine.pytorch.optimizers only", _TE_HINTS, {}, children=("pytorch",))
+    def _te_module(self, name: str) -> ShimModule:
+        from .te import surface
 
-    def _transformer_engine_pytorch(self, name: str) -> ShimModule:
-        return _module(name, "transformer_engine.pytorch.optimizers only", _TE_HINTS, {}, children=("optimizers",))
-
-    def _transformer_engine_pytorch_optimizers(self, name: str) -> ShimModule:
-        return _module(name, "TE's fused optimizers and multi-tensor ops", _TE_OPT_HINTS, dict(self.te_optimizers))
+        doc, _build, children = _TE_SURFACE[name]
+        attrs = surface(self, name)
+        hints = {"transformer_engine.pytorch.optimizers": _TE_OPT_HINTS,
+                 "transformer_engine.pytorch.ops": {"*": _TE_HINTS["ops"]}}.get(name, _TE_HINTS)
+        mod = _module(name, doc, hints, {k: v for k, v in attrs.items() if not k.startswith("__")}, children=children)
+        for key, value in attrs.items():
+            if key.startswith("__"):
+                setattr(mod, key, value)  # e.g. __version__: on the module, not in __all__
+        return mod
 
 
 def shim_patches(backend: Any) -> list[Any]:

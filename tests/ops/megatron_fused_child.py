@@ -12,7 +12,7 @@ import ascend_patch  # noqa: F401  (applies on torch import)
 import torch
 import torch.nn.functional as F
 
-# user code touching the Transformer Engine shim first must not make megatron-core think TE is installed
+# user code touching the Transformer Engine shim first gets the same classes megatron-core then uses
 import transformer_engine.pytorch.optimizers as te_optimizers  # noqa: E402
 
 import torch.distributed as dist  # noqa: E402

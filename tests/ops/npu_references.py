@@ -25,6 +25,7 @@ __all__ = [
     "reference_fused_adamw",
     "reference_fused_sgd",
     "reference_npu_fusion_attention",
+    "reference_npu_fusion_attention_grad",
     "reference_npu_grouped_matmul",
     "reference_npu_rms_norm",
     "reference_npu_rotary_mul",
@@ -415,3 +416,49 @@ def reference_fused_sgd(params, grads, momentum_buffer_list, *, weight_decay, mo
             g = g + momentum * b if nesterov else b
         with torch.no_grad():
             p.copy_(w - float(lr) * g)
+
+
+def reference_npu_fusion_attention_grad(query, key, value, dy, head_num, input_layout, *, pse=None, padding_mask=None,
+                                        atten_mask=None, softmax_max=None, softmax_sum=None, softmax_in=None,
+                                        attention_in=None, scale_value=1.0, keep_prob=1.0, pre_tockens=INF_TOKENS,
+                                        next_tockens=INF_TOKENS, inner_precise=0, seed=0, offset=0, numels=0,
+                                        prefix=None, actual_seq_qlen=None, actual_seq_kvlen=None, sparse_mode=0,
+                                        gen_mask_parallel=True, sync=False):
+    """REFERENCE npu_fusion_attention_grad: (dq, dk, dv, dpse) from the forward's softmax statistics.
+
+    The probabilities are recomputed as exp(scale * QK^T - softmax_max) / softmax_sum (the forward's
+    (b, n, sq, 8) statistics, value repeated on the last dim), and the softmax backward uses
+    attention_in (the forward output): dS = P * (dY V^T - rowsum(dY * attention_in)).
+    """
+    if pse is not None or padding_mask is not None or prefix is not None or softmax_in is not None:
+        raise ValueError("this reference covers pse/padding_mask/prefix/softmax_in = None")
+    if keep_prob != 1.0:
+        raise ValueError("this reference computes keep_prob=1 only (dropout masks are device-random)")
+    if input_layout not in ("BSND", "BNSD"):
+        raise ValueError(f"this reference covers BSND and BNSD, got {input_layout}")
+    if softmax_max is None or softmax_sum is None or attention_in is None:
+        raise ValueError("the backward needs softmax_max, softmax_sum and attention_in from the forward")
+    q, k, v = (_to_bnsd(t, input_layout, head_num) for t in (query, key, value))
+    g = _to_bnsd(dy, input_layout, head_num).double()
+    o = _to_bnsd(attention_in, input_layout, head_num).double()
+    b, n, sq, _ = q.shape
+    for name, stat in (("softmax_max", softmax_max), ("softmax_sum", softmax_sum)):
+        if tuple(stat.shape) != (b, n, sq, 8):
+            raise ValueError(f"{name} must be (b, n, sq, 8) = {(b, n, sq, 8)}, got {tuple(stat.shape)}")
+    nk = k.shape[1]
+    if n % nk:
+        raise ValueError(f"query heads {n} must be a multiple of key heads {nk}")
+    kk, vv = k.repeat_interleave(n // nk, 1).double(), v.repeat_interleave(n // nk, 1).double()
+    scores = torch.matmul(q.double(), kk.transpose(-1, -2)) * scale_value
+    masked = _masked(sq, k.shape[2], atten_mask, sparse_mode, pre_tockens, next_tockens, query.device)
+    if masked is not None:
+        scores = scores.masked_fill(masked, -math.inf)
+    p = torch.exp(scores - softmax_max[..., :1].double()) / softmax_sum[..., :1].double()
+    dv = torch.matmul(p.transpose(-1, -2), g)
+    dp = torch.matmul(g, vv.transpose(-1, -2))
+    ds = p * (dp - (g * o).sum(-1, keepdim=True))
+    dq = torch.matmul(ds, kk) * scale_value
+    dk = torch.matmul(ds.transpose(-1, -2), q.double()) * scale_value
+    fold = lambda t: t.view(b, nk, n // nk, *t.shape[2:]).sum(2)  # noqa: E731  (GQA: sum the query heads of a group)
+    return (_from_bnsd(dq.to(query.dtype), input_layout), _from_bnsd(fold(dk).to(key.dtype), input_layout),
+            _from_bnsd(fold(dv).to(value.dtype), input_layout), torch.zeros(0))

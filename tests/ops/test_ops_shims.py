@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
+import types
 
 import pytest
 import torch
@@ -122,17 +123,37 @@ def _import_as(module_name: str, statement: str) -> None:
     exec(compile(statement, f"<{module_name}>", "exec"), {"__name__": module_name})
 
 
-def test_transformer_engine_is_hidden_from_megatron(no_real_packages, patched):
-    with pytest.raises(ModuleNotFoundError, match="transformer_engine"):
-        _import_as("megatron.core.probe", "import transformer_engine")
-    import transformer_engine.pytorch.optimizers as te_opt  # user code gets it
+def test_a_shim_can_stay_hidden_from_some_importers(cpu_settings):
+    """Patch.hidden_from (transformer_engine used it against megatron-core until the TE layer existed)."""
+    import ascend_patch
+    from ascend_patch import plugins
+    from ascend_patch.hookspec import hookimpl
+    from ascend_patch.patch import Patch, PatchKind
+    from ascend_patch.shim import ShimModule
 
-    cls = te_opt.FusedAdam
-    # cached now; the next import megatron starts drops the cached shim, so megatron still sees none
-    importlib.util.find_spec("megatron.core.ascend_patch_probe_that_does_not_exist")
-    assert "transformer_engine" not in sys.modules
-    with pytest.raises(ModuleNotFoundError):
-        _import_as("megatron.core.probe", "from transformer_engine.pytorch.optimizers import FusedAdam")
-    from transformer_engine.pytorch.optimizers import FusedAdam
+    class Plugin:
+        @hookimpl
+        def ascend_patch_register_patches(self, registry, backend):
+            registry.add(Patch("ap_hidden_shim", PatchKind.MODULE, "test", make=lambda name: ShimModule(name),
+                               hidden_from=("ap_importer",)))
 
-    assert FusedAdam is cls  # the same adapted class, rebuilt module
+    pm = plugins.PluginManager(entry_points=False, builtins=False)
+    pm.register(Plugin(), "t", origin="test")
+    previous = plugins.reset_plugin_manager(pm)
+    try:
+        ascend_patch.apply(cpu_settings)
+        with pytest.raises(ModuleNotFoundError, match="ap_hidden_shim"):
+            _import_as("ap_importer.probe", "import ap_hidden_shim")
+        import ap_hidden_shim  # other code gets it
+
+        assert is_shim(ap_hidden_shim)
+        # cached now; the next import the hidden-from package starts drops the cached shim
+        package = types.ModuleType("ap_importer")
+        package.__path__ = []
+        sys.modules["ap_importer"] = package
+        assert importlib.util.find_spec("ap_importer.probe_that_does_not_exist") is None
+        assert "ap_hidden_shim" not in sys.modules
+    finally:
+        sys.modules.pop("ap_importer", None)
+        ascend_patch.remove()
+        plugins.reset_plugin_manager(previous)
