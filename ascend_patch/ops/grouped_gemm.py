@@ -64,6 +64,8 @@ class _GroupedMatmul(torch.autograd.Function):
     def forward(ctx: Any, x: Tensor, sizes: list[int], trans_b: bool, kernel: Any, accumulate: bool,
                 *weights: Tensor) -> Tensor:
         ctx.sizes, ctx.trans_b, ctx.kernel, ctx.accumulate = sizes, trans_b, kernel, accumulate
+        if kernel is not None:
+            x = x.contiguous()  # the kernel takes x untransposed, and its transpose for the weight gradient
         ctx.save_for_backward(x, *weights)
         first = _matrix(weights, 0)
         n = first.shape[0] if trans_b else first.shape[1]
@@ -165,8 +167,15 @@ def _dummy_grads(weights: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
     return tuple(out)
 
 
+# npu_grouped_matmul takes a list of weights (one per group) in bf16/fp16 and for at most this many
+# groups; fp32, or more groups, only as one stacked [G, K, N] tensor
+_LIST_LIMIT = 128
+
+
 def _npu_weights(weights: tuple[Tensor, ...], transpose: bool) -> list[Tensor]:
-    # the kernel takes transposed weights as they are (a view, no copy)
+    # transposed weights go in as views: the kernel takes them transposed as they are
+    if not _stacked(weights) and (weights[0].dtype == torch.float32 or len(weights) > _LIST_LIMIT):
+        weights = (torch.stack(weights),)  # a copy per call: the documented cases leave no other way
     if _stacked(weights):
         return [weights[0].transpose(1, 2) if transpose else weights[0]]
     return [w.t() if transpose else w for w in weights]

@@ -241,7 +241,8 @@ def reference_npu_grouped_matmul(x, weight, *, bias=None, scale=None, offset=Non
 
     The documented (Atlas A2/A3) cases this implements, y_i = x_i @ weight_i:
     group_type 0 (M axis): x one 2-D [M, K] tensor (not transposed), weight one 3-D [E, K, N]
-    tensor or E 2-D [K, N] tensors (transposed or not, all alike); y one [M, N] tensor.
+    tensor or E 2-D [K, N] tensors (transposed or not, all alike; float16/bfloat16 only, at most
+    128 with group_list_type 1); y one [M, N] tensor.
     group_type 2 (K axis): x one 2-D [K, M] tensor that must be transposed, weight one 2-D
     [M, N] tensor that must not be; y one [E, K, N] tensor. group_list_type 0: cumulative
     sizes; 1: sizes. split_item 2 or 3 (one output tensor). Anything else raises.
@@ -288,6 +289,10 @@ def reference_npu_grouped_matmul(x, weight, *, bias=None, scale=None, offset=Non
             mats = weight
             if len({_is_transposed(w) for w in weight}) != 1:
                 raise ValueError("the weights must all be transposed or all not")
+            if a.dtype == torch.float32:
+                raise TypeError("float32 needs x, weight and y as single tensors (one 3-D weight)")
+            if group_list_type == 1 and len(weight) > 128:
+                raise ValueError("at most 128 weights in a list with group_list_type 1")
         else:
             raise ValueError("group_type 0: weight must be one 3-D tensor or a list of 2-D tensors")
         if len(mats) != len(sizes) or sum(sizes) != a.shape[0]:
