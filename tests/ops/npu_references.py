@@ -280,6 +280,10 @@ def reference_npu_grouped_matmul(x, weight, *, bias=None, scale=None, offset=Non
     if len(x) != 1:
         raise ValueError("reference: x must be one tensor")
     a = x[0]
+    for t in (a, *weight):  # the inner-axis limit: the last dim as stored (the M axis of a transposed x)
+        stored_last = t.shape[-2] if t.dim() >= 2 and _is_transposed(t) else t.shape[-1]
+        if stored_last >= 65536:
+            raise ValueError(f"inner axis {stored_last} is not below the limit 65536")
     if group_type == 0:
         if a.dim() != 2 or not a.is_contiguous():
             raise ValueError("group_type 0: x must be one 2-D tensor, not transposed")
