@@ -51,12 +51,12 @@ def group_sizes(sizes: Any, groups: int, rows: int) -> list[int]:
     return values
 
 
-def _matrix(weights: tuple[Tensor, ...], g: int) -> Tensor:
-    return weights[0][g] if len(weights) == 1 else weights[g]
-
-
 def _stacked(weights: tuple[Tensor, ...]) -> bool:
     return len(weights) == 1 and weights[0].dim() == 3
+
+
+def _matrix(weights: tuple[Tensor, ...], g: int) -> Tensor:
+    return weights[0][g] if _stacked(weights) else weights[g]
 
 
 class _GroupedMatmul(torch.autograd.Function):

@@ -51,6 +51,14 @@ def test_cpu_path_values_and_grads(seeded, stacked, trans_b):
     grads_against_reference(x, weights, mats, params, trans_b, out, 1e-5)
 
 
+def test_one_group_given_as_a_list(seeded):
+    x, w = torch.randn(5, 8, requires_grad=True), torch.randn(6, 8, requires_grad=True)
+    out = G.grouped_matmul(x, [w], [5], trans_b=True)
+    torch.testing.assert_close(out, x @ w.t())
+    out.sum().backward()
+    torch.testing.assert_close(w.grad, torch.ones(5, 6).t() @ x.detach())
+
+
 def test_empty_group_gets_a_zero_weight_gradient(seeded):
     x, w, _, _ = make(True, False)
     G.grouped_matmul(x, w, SIZES).sum().backward()
