@@ -9,19 +9,21 @@ naming it and what to use instead.
 ``apex.optimizers.FusedAdam is apex.optimizers.fused_adam.FusedAdam``. The
 ``transformer_engine`` shim is the Transformer-Engine-compatible layer of :mod:`.te`
 (modules and their attributes declared in :data:`ascend_patch.ops.te.SURFACE`); megatron-core
-sees it and builds its TE layer spec on it.
+sees it and builds its TE layer spec on it - unless megatron-core was imported before ascend_patch
+without it (:func:`te_hidden_from`).
 """
 
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 from typing import Any
 
 from ..shim import SHIM_INIT, ShimModule
 from .te import SURFACE as _TE_SURFACE
 
-__all__ = ["HIDDEN_FROM", "SHIM_NAMES", "ShimCatalog", "shim_patches"]
+__all__ = ["HIDDEN_FROM", "SHIM_NAMES", "ShimCatalog", "shim_patches", "te_hidden_from"]
 
 # every module name a shim is served under (parents before children)
 SHIM_NAMES: tuple[str, ...] = (
@@ -34,9 +36,25 @@ SHIM_NAMES: tuple[str, ...] = (
     *_TE_SURFACE,
 )
 
-# shims some packages must not see (top-level package -> importers it stays missing to); none today:
-# transformer_engine used to be hidden from megatron-core, which now builds its TE spec on the shim
+# shims some packages must not see (top-level package -> importers it stays missing to); none by default
 HIDDEN_FROM: dict[str, tuple[str, ...]] = {}
+_MEGATRON_TE = "megatron.core.extensions.transformer_engine"
+
+
+def te_hidden_from() -> tuple[str, ...]:
+    """``("megatron",)`` when megatron-core was imported *without* Transformer Engine, else ``()``.
+
+    ``import megatron.core`` decides once, in ``megatron.core.extensions.transformer_engine``,
+    whether TE exists (``HAVE_TE``); modules it imports later decide again. Shown the TE layer
+    after that first decision said "no", megatron would mix both answers (``TENorm`` picked
+    by ``transformer_block``, refused by the extension: "Transformer Engine is not installed").
+    So a process that imported megatron-core before ascend_patch keeps megatron's local path
+    consistently; user code still gets the layer.
+    """
+    extension = sys.modules.get(_MEGATRON_TE)
+    if extension is not None and not getattr(extension, "HAVE_TE", False):
+        return ("megatron",)
+    return ()
 
 _AMP = "use torch.amp (torch.autocast + torch.amp.GradScaler), which ascend_patch maps onto the target"
 _APEX_HINTS = {
@@ -333,8 +351,16 @@ def shim_patches(backend: Any) -> list[Any]:
 
     catalog = ShimCatalog(backend)
     action = Action.TRANSLATED if backend.name == "npu" else Action.EMULATED
+    hidden = {**HIDDEN_FROM, "transformer_engine": te_hidden_from()}
+
+    def reason(name: str) -> str:
+        top = name.split(".")[0]
+        text = f"{top} is CUDA-only; serve ascend_patch's adapted {name} while it is not installed"
+        if hidden.get(top):
+            text += " (hidden from megatron-core, imported before ascend_patch without it: megatron keeps its " \
+                    "local path consistently)"
+        return text
+
     return [Patch(target=name, kind=PatchKind.MODULE, make=catalog.build, action=action,
-                  hidden_from=HIDDEN_FROM.get(name.split(".")[0], ()),
-                  reason=f"{name.split('.')[0]} is CUDA-only; serve ascend_patch's adapted {name} while it is "
-                         "not installed")
+                  hidden_from=hidden.get(name.split(".")[0], ()), reason=reason(name))
             for name in SHIM_NAMES]

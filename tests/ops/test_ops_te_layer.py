@@ -49,10 +49,11 @@ def _import_as(module_name: str, statement: str) -> dict:
     return scope
 
 
-def test_megatron_sees_the_layer_and_remove_takes_it_away(cpu_settings):
+def test_megatron_sees_the_layer_and_remove_takes_it_away(cpu_settings, monkeypatch):
     import ascend_patch
     from ascend_patch.ops.te import SURFACE, TE_VERSION
 
+    monkeypatch.delitem(sys.modules, "megatron.core.extensions.transformer_engine", raising=False)
     ascend_patch.apply(cpu_settings)
     try:
         scope = _import_as("megatron.core.probe", "import transformer_engine as te\n"
@@ -77,6 +78,28 @@ def test_megatron_sees_the_layer_and_remove_takes_it_away(cpu_settings):
         ascend_patch.remove()
     assert not [m for m in sys.modules if m.split(".")[0] == "transformer_engine"]
     assert importlib.util.find_spec("transformer_engine") is None
+
+
+def test_megatron_imported_first_without_te_keeps_its_local_path(cpu_settings, monkeypatch):
+    """megatron-core decided "no TE" at import: shown the layer now, it would mix both answers."""
+    import types
+
+    import ascend_patch
+
+    decided = types.ModuleType("megatron.core.extensions.transformer_engine")
+    decided.HAVE_TE = False
+    monkeypatch.setitem(sys.modules, "megatron.core.extensions.transformer_engine", decided)
+    report = ascend_patch.apply(cpu_settings)
+    try:
+        with pytest.raises(ModuleNotFoundError, match="transformer_engine"):
+            _import_as("megatron.core.transformer.probe", "import transformer_engine.pytorch")
+        import transformer_engine.pytorch as tep  # user code still gets the layer
+
+        assert is_shim(tep) and tep.Linear.__name__ == "Linear"
+        (status,) = [s for s in report.statuses if s.patch.target == "transformer_engine"]
+        assert status.patch.hidden_from == ("megatron",) and "hidden from megatron-core" in status.patch.reason
+    finally:
+        ascend_patch.remove()
 
 
 def test_linear_is_the_gemm_with_tes_bias_and_parameter_conventions(world):
