@@ -5,9 +5,10 @@ dispatchers' ``all_to_all_single`` / all-gather / reduce-scatter, their device-t
 copies on a side stream and the aux-loss bookkeeping run through those unchanged):
 
 * ``moe_utils.te_general_gemm``: the router's gating linear tests ``te_general_gemm is not
-  None``, but the name is only defined when Transformer Engine imports, so without TE every
-  MoE forward dies with a NameError. Added as None where missing (the router then runs its
-  own torch.mm path); a Transformer Engine layer that provides it is left alone.
+  None``, but the name is only defined when ``transformer_engine`` imports, so megatron-core
+  imported without one (before ``apply()``, which serves the transformer_engine layer) dies
+  with a NameError in every MoE forward. Added as None where missing (the router then runs its
+  own torch.mm path); where megatron found a transformer_engine it is left alone.
 * ``grouped_gemm``, the CUDA package megatron's legacy ``GroupedMLP`` (``--moe-grouped-gemm``
   with ``--transformer-impl local``) takes ``ops.gmm`` from: a shim module served while the
   package is missing, its ``gmm`` being :func:`ascend_patch.ops.grouped_gemm.grouped_matmul`
@@ -128,8 +129,8 @@ def moe_patches(backend: Any) -> list[Patch]:
               make=lambda found: shims.ops if _ours(found) else found,
               action=action, count_calls=False, rebind=False, **_RANGE),
         Patch("megatron.core.transformer.moe.moe_utils:te_general_gemm", PatchKind.ADD,
-              "MoE router gating tests te_general_gemm, which is defined only when Transformer Engine imports "
-              "(NameError without it); None selects the router's own torch.mm path", make=lambda _: None,
+              "MoE router gating tests te_general_gemm, which is defined only when transformer_engine imports "
+              "(NameError where megatron-core was imported without it); None selects the router's own torch.mm path", make=lambda _: None,
               action=Action.EMULATED, count_calls=False, **_RANGE),
         Patch("megatron.core.transformer.moe.experts:GroupedMLP.forward", PatchKind.WRAP,
               "GroupedMLP asserts bf16 (the CUDA grouped_gemm kernel's limit); the target's grouped GEMM also "
