@@ -130,8 +130,8 @@ def moe_patches(backend: Any) -> list[Patch]:
               action=action, count_calls=False, rebind=False, **_RANGE),
         Patch("megatron.core.transformer.moe.moe_utils:te_general_gemm", PatchKind.ADD,
               "MoE router gating tests te_general_gemm, which is defined only when transformer_engine imports "
-              "(NameError where megatron-core was imported without it); None selects the router's own torch.mm path", make=lambda _: None,
-              action=Action.EMULATED, count_calls=False, **_RANGE),
+              "(NameError where megatron-core was imported without it); None selects the router's own torch.mm path",
+              make=lambda _: None, action=Action.EMULATED, count_calls=False, **_RANGE),
         Patch("megatron.core.transformer.moe.experts:GroupedMLP.forward", PatchKind.WRAP,
               "GroupedMLP asserts bf16 (the CUDA grouped_gemm kernel's limit); the target's grouped GEMM also "
               "runs fp32 and fp16", wrapper=_grouped_mlp_forward, action=action, count_calls=False, **_RANGE),
