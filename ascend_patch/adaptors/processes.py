@@ -1,8 +1,13 @@
-"""Child processes started with ``torch.multiprocessing.spawn`` are patched too.
+"""Child processes started with ``torch.multiprocessing.spawn`` or multiprocessing's ``spawn`` are patched too.
 
 Spawned children are fresh interpreters: the worker function is wrapped in a
 picklable entry point that applies ascend_patch (with the parent's settings)
-before calling it. Launchers that start their own Python children can rely on
+before calling it. A child of multiprocessing's ``spawn`` start method (a ``Process``, a
+``Manager``, a ``Pool``; megatron-core's torch_dist checkpoint writer starts one) first
+re-imports the parent's main script, *before* anything it was given runs: its command
+line applies ascend_patch with the parent's settings first, so that import finds what the
+parent found (Megatron-LM's ``pretrain_gpt.py`` imports megatron-core modules that need the
+patch to import at all). Launchers that start their own Python children can rely on
 ``ASCEND_PATCH_AUTOLOAD=1`` instead (the installed ``.pth`` file honours it).
 """
 
@@ -14,7 +19,7 @@ from typing import Any
 from ..config import Settings
 from ..patch import Patch, PatchKind
 
-__all__ = ["PatchedEntry", "process_patches"]
+__all__ = ["PatchedEntry", "patched_command_line", "process_patches"]
 
 
 class PatchedEntry:
@@ -32,6 +37,16 @@ class PatchedEntry:
         return self.fn(*args, **kwargs)
 
 
+def patched_command_line(command: list[Any], environ: dict[str, str]) -> list[Any]:
+    """multiprocessing's spawn command line with ascend_patch applied before ``spawn_main`` runs."""
+    if "-c" not in command:
+        return command  # a frozen executable: no code to prefix
+    at = command.index("-c") + 1
+    prefix = (f"import os; os.environ.update({environ!r})\n"
+              "try:\n import ascend_patch; ascend_patch.apply()\nexcept ImportError:\n pass\n")
+    return [*command[:at], prefix + command[at], *command[at + 1:]]
+
+
 def process_patches(settings: Settings) -> list[Patch]:
     def start_processes(original: Any) -> Any:
         def start(fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -42,6 +57,12 @@ def process_patches(settings: Settings) -> list[Patch]:
         start.__wrapped__ = original  # type: ignore[attr-defined]
         return start
 
+    def command_line(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return patched_command_line(wrapped(*args, **kwargs), settings.to_environ())
+
     return [Patch("torch.multiprocessing.spawn:start_processes", PatchKind.REPLACE,
                   "spawned workers apply ascend_patch before running", make=start_processes,
-                  count_calls=False)]
+                  count_calls=False),
+            Patch("multiprocessing.spawn:get_command_line", PatchKind.WRAP,
+                  "multiprocessing's spawn children apply ascend_patch before re-importing the main script",
+                  wrapper=command_line, count_calls=False)]

@@ -142,3 +142,59 @@ def test_fused_kernels_load_is_a_no_op_and_restored(megatron_lm, cpu_settings, m
     finally:
         ascend_patch.remove()
     assert fused_kernels.load is original
+
+
+def test_building_data_iterators_leaves_the_generator_where_it_was():
+    from ascend_patch.adaptors.megatron_training.rng import keep_device_stream
+
+    torch.manual_seed(7)
+    before = torch.get_rng_state()
+
+    def build(provider):
+        torch.empty((), dtype=torch.int64).random_()  # what iter(DataLoader) draws for its workers' seed
+        return provider, "iterators"
+
+    assert keep_device_stream(build, None, ("provider",), {}) == ("provider", "iterators")
+    assert torch.equal(torch.get_rng_state(), before)
+
+    def fails(provider):
+        torch.rand(3)
+        raise RuntimeError("no data")
+
+    with pytest.raises(RuntimeError, match="no data"):
+        keep_device_stream(fails, None, ("provider",), {})
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_the_data_iterator_patch_is_for_the_cpu_target_only():
+    from ascend_patch.backend import Backend
+
+    npu = Backend("npu", "npu", "hccl", None, keeps_index=True)
+    target = "megatron.training.training:build_train_valid_test_data_iterators"
+    assert target in {p.target for p in training_patches(cpu_backend())}
+    (patch,) = [p for p in training_patches(npu) if p.target == target]
+    assert patch.backends == frozenset({"cpu"})  # the registry drops it on npu: its generator is separate
+
+
+def test_spec_takes_a_registered_name_and_leaves_megatrons_form_alone(monkeypatch):
+    from megatron.core.transformer.identity_op import IdentityOp
+    from megatron.core.transformer.spec_utils import ModuleSpec
+
+    from ascend_patch.adaptors.megatron_training import spec
+    from ascend_patch.models.registry import UnknownSpec
+
+    calls = []
+
+    def stock(module_path):
+        calls.append(module_path)
+        return "megatron's"
+
+    assert spec.import_module(stock, None, (["some.module", "layer_spec"],), {}) == "megatron's"
+    assert calls == [["some.module", "layer_spec"]]
+    qwen3 = spec.import_module(stock, None, (["qwen3"],), {})
+    assert isinstance(qwen3, ModuleSpec)
+    attention = qwen3.submodules.self_attention.submodules
+    assert attention.q_layernorm not in (None, IdentityOp) and attention.k_layernorm not in (None, IdentityOp)
+    assert calls == [["some.module", "layer_spec"]]
+    with pytest.raises(UnknownSpec, match="unknown model spec 'qwen4'; known: .*qwen3"):
+        spec.import_module(stock, None, (["qwen4"],), {})

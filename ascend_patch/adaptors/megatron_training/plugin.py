@@ -25,7 +25,7 @@ def training_patches(backend: Any, settings: Any = None) -> list[Patch]:
     ``settings`` (:class:`ascend_patch.config.Settings`) adds the optional ones the user asked for.
     """
     from ...ops import triton_shim
-    from . import arguments, initialize, training_log
+    from . import arguments, initialize, rng, spec, training_log
 
     log_path = getattr(settings, "training_log", "")
     optional = [Patch(
@@ -61,6 +61,17 @@ def training_patches(backend: Any, settings: Any = None) -> list[Patch]:
               "Megatron-LM's fused-kernel build asks nvcc for its version; nothing is built on the target "
               "(the fused ops are ascend_patch's)", replacement=initialize.load_fused_kernels,
               action=Action.NOOP, **_RANGE),
+        # --- gpt_builders: --spec NAME
+        Patch("megatron.core.transformer.spec_utils:import_module", PatchKind.WRAP,
+              "--spec NAME in Megatron-LM's gpt_builder: a family registered with ascend_patch (Megatron's "
+              "'module attribute' form goes through unchanged)", wrapper=spec.import_module, action=Action.EMULATED,
+              count_calls=False, **_RANGE),
+        # --- dropout's stream: the emulated CUDA generator is the host generator on cpu
+        Patch("megatron.training.training:build_train_valid_test_data_iterators", PatchKind.WRAP,
+              "the host generator is dropout's generator on cpu: building data iterators (a seed draw per "
+              "DataLoader, on the ranks holding data only) leaves it as Megatron seeded or restored it, so TP "
+              "ranks agree and resumed runs are exact", wrapper=rng.keep_device_stream, backends=frozenset({"cpu"}),
+              action=Action.EMULATED, count_calls=False, **_RANGE),
     ]
 
 
