@@ -189,3 +189,17 @@ def test_grouped_mlp_on_the_npu_kernel(cpu_settings, tmp_path):
         parallel_state.destroy_model_parallel()
         dist.destroy_process_group()
         ascend_patch.remove()
+
+
+def test_grouped_mlp_built_after_apply_is_eager_with_megatron_imported_first(cpu_settings):
+    import ascend_patch
+    import megatron.core.transformer.moe.experts as experts
+    from ascend_patch.adaptors.megatron.jit import eager
+
+    before = experts.jit_fuser
+    ascend_patch.apply(cpu_settings)
+    try:
+        assert experts.jit_fuser is eager  # GroupedMLP.__init__ decorates its activations with it
+    finally:
+        ascend_patch.remove()
+    assert experts.jit_fuser is before

@@ -17,6 +17,11 @@ copies on a side stream and the aux-loss bookkeeping run through those unchanged
 * ``GroupedMLP.forward`` asserts ``config.bf16`` because the CUDA kernel is bf16-only; the
   targets' grouped GEMM takes fp32 and fp16 too, so the forward runs with that one check
   answered for the target (everything else is megatron's forward, unchanged).
+* ``experts.jit_fuser``: ``GroupedMLP.__init__`` decorates its activation functions with the
+  ``jit_fuser`` its module imported. With megatron-core imported before ``apply()`` that copy is
+  still ``torch.compile`` (the :mod:`.jit` patch does not re-bind copies of torch's own function),
+  so every GroupedMLP built afterwards would compile them with Inductor; the module's copy is made
+  eager like ``megatron.core.jit.jit_fuser``.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from typing import Any
 from ...patch import Action, Patch, PatchKind
 from ...shim import ShimModule, is_shim
 from . import PACKAGE, VERSIONS
+from .jit import eager
 
 __all__ = ["GroupedGemmShims", "moe_patches"]
 
@@ -132,6 +138,10 @@ def moe_patches(backend: Any) -> list[Patch]:
               "MoE router gating tests te_general_gemm, which is defined only when transformer_engine imports "
               "(NameError where megatron-core was imported without it); None selects the router's own torch.mm path",
               make=lambda _: None, action=Action.EMULATED, count_calls=False, **_RANGE),
+        Patch("megatron.core.transformer.moe.experts:jit_fuser", PatchKind.REPLACE,
+              "GroupedMLP decorates its activations with jit_fuser when built: eager as megatron.core.jit's "
+              "(this module's copy stays torch.compile when megatron-core was imported first)",
+              replacement=eager, action=Action.EMULATED, count_calls=False, rebind=False, **_RANGE),
         Patch("megatron.core.transformer.moe.experts:GroupedMLP.forward", PatchKind.WRAP,
               "GroupedMLP asserts bf16 (the CUDA grouped_gemm kernel's limit); the target's grouped GEMM also "
               "runs fp32 and fp16", wrapper=_grouped_mlp_forward, action=action, count_calls=False, **_RANGE),
