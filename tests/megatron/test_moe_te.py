@@ -41,7 +41,7 @@ def test_te_spec_builds_grouped_experts_on_the_layer(result):
 def test_te_experts_compute_the_local_experts_numbers(result, name):
     # output, input gradient and aux loss; then the experts' fc1 weight gradients
     assert result[f"{name}_diff"] < 1e-6 and result[f"{name}_wgrad_diff"] < 1e-6, result
-    assert 1.0 <= result["aux"] < 1.5
+    assert 0.9 < result["aux"] < 1.5  # the router's aux loss, about 1 for a fresh router
 
 
 def test_grouped_and_sequential_experts_share_checkpoint_keys(result):

@@ -79,8 +79,9 @@ def test_ep1_trains_and_reports_the_aux_loss(runs):
     assert ep1.losses[-1] < ep1.losses[0] - 0.1
     aux = aux_losses(ep1)
     assert sorted(aux) == list(range(1, ITERS + 1))
-    # Switch-style aux loss: E * sum_e f_e * P_e, 1 for a perfectly balanced router, more otherwise
-    assert all(1.0 <= value < 1.5 for value in aux.values()), aux
+    # Switch-style aux loss, E * sum_e f_e * P_e (token fraction times mean probability): about 1 for
+    # a fresh, nearly balanced router
+    assert all(0.9 < value < 1.5 for value in aux.values()), aux
 
 
 def test_ep2_losses_equal_ep1(runs):
