@@ -48,6 +48,7 @@ NPU_KERNEL_NAMES: tuple[str, ...] = (
     "npu_swiglu",
     "npu_scaled_masked_softmax",
     "npu_apply_adam_w",
+    "npu_grouped_matmul",
 )
 
 # torch's fused optimizer kernels (aten ops, called as ``torch.<name>``), which torch_npu

@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from ascend_patch.ops import attention, multi_tensor, norm, norm_apex, optim, rope, softmax, swiglu
+from ascend_patch.ops import attention, grouped_gemm, multi_tensor, norm, norm_apex, optim, rope, softmax, swiglu
 
 
 def timed(fn: Callable[[], object], inner: int) -> float:
@@ -243,12 +243,37 @@ def softmax_rows(repeats: int) -> list[float]:
                     lambda: softmax.scaled_masked_softmax(x, None, 1.0, causal=True), megatron_torch_path, repeats)]
 
 
+def grouped_gemm_rows(repeats: int) -> list[float]:
+    """One expert linear ([out, in] weights, as megatron's experts hold them) over 8 experts, fwd+bwd,
+    against SequentialMLP's way: split the tokens, one linear per expert, concatenate."""
+    torch.manual_seed(0)
+    experts, hidden, ffn = 8, 512, 1024
+    rows = []
+    for label, sizes in (("balanced", [512] * 8), ("skewed, one empty", [1400, 900, 700, 500, 300, 200, 96, 0])):
+        for dtype in (torch.float32, torch.bfloat16):
+            x = torch.randn(sum(sizes), hidden, dtype=dtype, requires_grad=True)
+            w = torch.randn(experts, ffn, hidden, dtype=dtype, requires_grad=True)
+            g = torch.randn(sum(sizes), ffn, dtype=dtype)
+            per_expert = list(w.unbind(0))
+
+            def sequential() -> torch.Tensor:
+                return torch.cat([F.linear(t, we) for t, we in zip(torch.split(x, sizes), per_expert)])
+
+            def grouped() -> torch.Tensor:
+                return grouped_gemm.grouped_matmul(x, w, sizes, trans_b=True)
+
+            close(grouped(), sequential(), 1e-3 if dtype == torch.float32 else 0.5, "grouped matmul")
+            name = f"grouped GEMM vs SequentialMLP's split/linear/cat, {label}, {str(dtype)[6:]}, fwd+bwd"
+            rows.append(compare(name, lambda: grouped().backward(g), lambda: sequential().backward(g), repeats))
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--only", default="", help="run the row groups whose name contains this (adam, multi_tensor, "
-                        "attention, rope, activation, norm, softmax)")
+                        "attention, rope, activation, norm, softmax, grouped_gemm)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -261,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
           "cpu target applied")
     print(f"{'op (adaptor vs baseline)':<84} {'base ms':>10} {'ours ms':>10} {'ratio':>8}")
     ratios = []
-    for rows in (adam_rows, multi_tensor_rows, attention_rows, rope_rows, activation_rows, norm_rows, softmax_rows):
+    for rows in (adam_rows, multi_tensor_rows, attention_rows, rope_rows, activation_rows, norm_rows, softmax_rows,
+                 grouped_gemm_rows):
         if args.only in rows.__name__:
             ratios += rows(args.repeats)
     ascend_patch.remove()

@@ -14,6 +14,7 @@ calls the torch_npu kernel taken from the backend's kernel table at call time:
 * :mod:`.swiglu` - SwiGLU, bias-SwiGLU, bias-GeLU
 * :mod:`.softmax` - megatron's fused scale-mask-softmax
 * :mod:`.multi_tensor` - ``multi_tensor_applier`` and the ``amp_C`` ops
+* :mod:`.grouped_gemm` - the MoE experts' grouped GEMM (``npu_grouped_matmul`` / a loop of matmuls)
 * :mod:`.shims` - the shim modules; :mod:`.megatron` - megatron-core patches;
   :mod:`.plugin` - the built-in plugin that registers both.
 
@@ -28,6 +29,7 @@ __all__ = [
     "attention_block",
     "attention_npu",
     "context_parallel",
+    "grouped_gemm",
     "megatron",
     "multi_tensor",
     "norm",

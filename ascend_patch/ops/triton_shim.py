@@ -30,6 +30,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from ..errors import AscendPatchError
 from ..shim import ShimModule, is_shim
 
 __all__ = ["HIDDEN_FROM", "IMPORTERS", "TRITON_NAMES", "TritonUnavailable", "build_triton_shim", "flag_for"]
@@ -56,7 +57,7 @@ _FLAGS: dict[str, str] = {
 _MACHINERY = ("importlib", "_frozen_importlib", "wrapt", "ascend_patch", "triton")
 
 
-class TritonUnavailable(RuntimeError):
+class TritonUnavailable(AscendPatchError, RuntimeError):
     """A triton kernel was launched where triton is not installed."""
 
 

@@ -26,6 +26,7 @@ __all__ = [
     "reference_fused_sgd",
     "reference_npu_fusion_attention",
     "reference_npu_fusion_attention_grad",
+    "reference_npu_grouped_matmul",
     "reference_npu_rms_norm",
     "reference_npu_rotary_mul",
     "reference_npu_scaled_masked_softmax",
@@ -224,6 +225,105 @@ def reference_npu_scaled_masked_softmax(x, mask, scale=1.0, fixed_triu_mask=Fals
     torch.broadcast_shapes(mask.shape, x.shape)
     y = (x.double() * scale).masked_fill(mask, -10000.0)
     return torch.softmax(y, -1).to(x.dtype)
+
+
+def _is_transposed(t: Tensor) -> bool:
+    """A 2-D tensor the documentation calls transposed: [M, K] with strides [1, M]."""
+    return t.dim() == 2 and t.stride(0) == 1 and t.stride(1) == t.shape[0] and not t.is_contiguous()
+
+
+def reference_npu_grouped_matmul(x, weight, *, bias=None, scale=None, offset=None, antiquant_scale=None,
+                                 antiquant_offset=None, per_token_scale=None, group_list=None, activation_input=None,
+                                 activation_quant_scale=None, activation_quant_offset=None, split_item=0,
+                                 group_type=None, group_list_type=0, act_type=0, output_dtype=None,
+                                 tuning_config=None):
+    """REFERENCE npu_grouped_matmul, non-quantized, ``group_list`` an int64 tensor, single-tensor output.
+
+    The documented (Atlas A2/A3) cases this implements, y_i = x_i @ weight_i:
+    group_type 0 (M axis): x one 2-D [M, K] tensor (not transposed), weight one 3-D [E, K, N]
+    tensor or E 2-D [K, N] tensors (transposed or not, all alike; float16/bfloat16 only, at most
+    128 with group_list_type 1); y one [M, N] tensor.
+    group_type 2 (K axis): x one 2-D [K, M] tensor that must be transposed, weight one 2-D
+    [M, N] tensor that must not be; y one [E, K, N] tensor. group_list_type 0: cumulative
+    sizes; 1: sizes. split_item 2 or 3 (one output tensor). Anything else raises.
+    """
+    quant = (scale, offset, antiquant_scale, antiquant_offset, per_token_scale, activation_input,
+             activation_quant_scale, activation_quant_offset, tuning_config)
+    if bias is not None or any(q is not None for q in quant) or act_type != 0:
+        raise ValueError("reference: only the non-quantized grouped matmul without bias or activation is implemented")
+    if not isinstance(x, list) or not isinstance(weight, list):
+        raise TypeError("npu_grouped_matmul takes x and weight as lists of tensors")
+    if split_item not in (2, 3):
+        raise ValueError(f"split_item {split_item}: the single-tensor output needs 2 or 3")
+    if not isinstance(group_list, Tensor) or group_list.dtype != torch.int64 or group_list.dim() != 1:
+        raise TypeError("group_list must be a 1-D int64 tensor here")
+    if group_list.device != x[0].device:
+        raise ValueError("group_list must be on the device of x")
+    if group_list_type == 0:
+        ends = group_list.tolist()
+        if any(b < a for a, b in zip([0] + ends, ends)):
+            raise ValueError("group_list_type 0 needs a non-decreasing cumulative list")
+        sizes = [b - a for a, b in zip([0] + ends, ends)]
+    elif group_list_type == 1:
+        sizes = group_list.tolist()
+        if any(v < 0 for v in sizes):
+            raise ValueError("group_list_type 1 needs non-negative sizes")
+    else:
+        raise ValueError(f"group_list_type {group_list_type} is for int8 inputs only")
+    if len(sizes) > 1024:
+        raise ValueError("at most 1024 groups")
+    dtypes = {t.dtype for t in x + weight}
+    if len(dtypes) != 1 or dtypes.pop() not in (torch.float16, torch.bfloat16, torch.float32):
+        raise TypeError(f"x and weight must share one of float16/bfloat16/float32, got {[t.dtype for t in x + weight]}")
+    if output_dtype not in (None, x[0].dtype):
+        raise TypeError("output_dtype must be None or x's dtype in the non-quantized case")
+    if len(x) != 1:
+        raise ValueError("reference: x must be one tensor")
+    a = x[0]
+    for t in (a, *weight):  # the inner-axis limit: the last dim as stored (the M axis of a transposed x)
+        stored_last = t.shape[-2] if t.dim() >= 2 and _is_transposed(t) else t.shape[-1]
+        if stored_last >= 65536:
+            raise ValueError(f"inner axis {stored_last} is not below the limit 65536")
+    if group_type == 0:
+        if a.dim() != 2 or not a.is_contiguous():
+            raise ValueError("group_type 0: x must be one 2-D tensor, not transposed")
+        if len(weight) == 1 and weight[0].dim() == 3:
+            mats = list(weight[0].unbind(0))
+        elif all(w.dim() == 2 for w in weight):
+            mats = weight
+            if len({_is_transposed(w) for w in weight}) != 1:
+                raise ValueError("the weights must all be transposed or all not")
+            if a.dtype == torch.float32:
+                raise TypeError("float32 needs x, weight and y as single tensors (one 3-D weight)")
+            if group_list_type == 1 and len(weight) > 128:
+                raise ValueError("at most 128 weights in a list with group_list_type 1")
+        else:
+            raise ValueError("group_type 0: weight must be one 3-D tensor or a list of 2-D tensors")
+        if len(mats) != len(sizes) or sum(sizes) != a.shape[0]:
+            raise ValueError(f"group_list {sizes} does not match {len(mats)} weights and {a.shape[0]} rows")
+        if len({w.shape[1] for w in mats}) != 1:
+            raise ValueError("every weight must have the same N")
+        out, start = [], 0
+        for w, n in zip(mats, sizes):
+            out.append(a[start:start + n].double() @ w.double())
+            start += n
+        return [torch.cat(out).to(a.dtype)]
+    if group_type == 2:
+        if len(weight) != 1 or a.dim() != 2 or weight[0].dim() != 2:
+            raise ValueError("group_type 2: x and weight must be one 2-D tensor each")
+        if not _is_transposed(a):
+            raise ValueError("group_type 2: x must be transposed")
+        if not weight[0].is_contiguous():
+            raise ValueError("group_type 2: weight must not be transposed")
+        b = weight[0]
+        if sum(sizes) != a.shape[1] or b.shape[0] != a.shape[1]:
+            raise ValueError(f"group_type 2: group_list {sizes} must sum to x's second dim {a.shape[1]}")
+        out, start = [], 0
+        for n in sizes:
+            out.append(a[:, start:start + n].double() @ b[start:start + n].double())
+            start += n
+        return [torch.stack(out).to(a.dtype)]
+    raise ValueError(f"group_type {group_type}: Atlas A2/A3 take -1, 0 or 2 (and -1 is the multi-tensor case)")
 
 
 def _same_group(name: str, *lists) -> None:

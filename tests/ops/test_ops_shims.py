@@ -124,18 +124,18 @@ def _import_as(module_name: str, statement: str) -> None:
 
 
 def test_a_shim_can_stay_hidden_from_some_importers(cpu_settings):
-    """Patch.hidden_from (transformer_engine used it against megatron-core until the TE layer existed)."""
+    """ModuleShim.hidden_from (transformer_engine uses it against a megatron-core imported before ascend_patch)."""
     import ascend_patch
     from ascend_patch import plugins
     from ascend_patch.hookspec import hookimpl
-    from ascend_patch.patch import Patch, PatchKind
+    from ascend_patch.patch import ModuleShim
     from ascend_patch.shim import ShimModule
 
     class Plugin:
         @hookimpl
         def ascend_patch_register_patches(self, registry, backend):
-            registry.add(Patch("ap_hidden_shim", PatchKind.MODULE, "test", make=lambda name: ShimModule(name),
-                               hidden_from=("ap_importer",)))
+            registry.add(ModuleShim("ap_hidden_shim", "test", make=lambda name: ShimModule(name),
+                                    hidden_from=("ap_importer",)))
 
     pm = plugins.PluginManager(entry_points=False, builtins=False)
     pm.register(Plugin(), "t", origin="test")

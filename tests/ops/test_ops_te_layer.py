@@ -292,8 +292,6 @@ def test_refusals_name_the_option_and_what_to_do(te):
     q = torch.randn(3, 1, 2, 4)
     with pytest.raises(NotImplementedError, match=r"core_attention_bias_type='post_scale_bias'"):
         attn(q, q, q, core_attention_bias_type="post_scale_bias", core_attention_bias=torch.zeros(1, 2, 3, 3))
-    with pytest.raises(NotImplementedError, match=r"--moe-grouped-gemm"):
-        te.GroupedLinear(2, 8, 8)
     with pytest.raises(FP8Unavailable, match=r"--fp8-format"):
         with te.fp8_autocast(enabled=True):
             pass

@@ -6,6 +6,7 @@ megatron-core's own TE wrappers (``TELinear``, ``TELayerNormColumnParallelLinear
 ``TEDotProductAttention``, ``TENorm``...) on these classes:
 
 * :mod:`.linear` - ``Linear``, ``LayerNormLinear`` on megatron's tensor-parallel functions;
+* :mod:`.grouped` - ``GroupedLinear`` (MoE experts) on the grouped GEMM of :mod:`ascend_patch.ops.grouped_gemm`;
 * :mod:`.norm` - ``LayerNorm``, ``RMSNorm`` (``npu_rms_norm`` on npu);
 * :mod:`.attention` - ``DotProductAttention`` (``npu_fusion_attention`` on npu), with
   context parallelism from :mod:`ascend_patch.ops.context_parallel`;
@@ -48,7 +49,7 @@ def _version(_catalog: Any) -> dict[str, Any]:
 
 
 def _pytorch(catalog: Any) -> dict[str, Any]:
-    from . import attention, fp8, grouped_linear, linear, norm
+    from . import attention, fp8, grouped, linear, norm
 
     bound = catalog.te_bound
     return {
@@ -59,7 +60,7 @@ def _pytorch(catalog: Any) -> dict[str, Any]:
         "RMSNorm": bound(norm.RMSNorm, "RMSNorm", "transformer_engine.pytorch.module.rmsnorm"),
         "DotProductAttention": bound(attention.DotProductAttention, "DotProductAttention",
                                      "transformer_engine.pytorch.attention.dot_product_attention"),
-        "GroupedLinear": bound(grouped_linear.GroupedLinear, "GroupedLinear",
+        "GroupedLinear": bound(grouped.GroupedLinear, "GroupedLinear",
                                "transformer_engine.pytorch.module.grouped_linear"),
         "fp8_autocast": fp8.fp8_autocast,
         "fp8_model_init": fp8.fp8_model_init,
@@ -116,7 +117,8 @@ SURFACE: dict[str, tuple[str, Builder, tuple[str, ...]]] = {
     "transformer_engine": ("Transformer Engine's PyTorch API on the target", _version, ("pytorch", "common")),
     "transformer_engine.common": ("transformer_engine.common.recipe", _none, ("recipe",)),
     "transformer_engine.common.recipe": ("FP8 recipes (configuration only; FP8 itself is refused)", _recipe, ()),
-    "transformer_engine.pytorch": ("Linear, LayerNormLinear, LayerNorm, RMSNorm, DotProductAttention", _pytorch,
+    "transformer_engine.pytorch": ("Linear, LayerNormLinear, GroupedLinear, LayerNorm, RMSNorm, DotProductAttention",
+                                   _pytorch,
                                    ("optimizers", "fp8", "distributed", "tensor", "ops")),
     "transformer_engine.pytorch.fp8": ("FP8 state (always off) and autocast", _fp8, ()),
     "transformer_engine.pytorch.distributed": ("the RNG tracker and recompute context", _distributed, ()),
