@@ -9,7 +9,7 @@ __all__ = ["ascend_patch_register_patches"]
 
 @hookimpl
 def ascend_patch_register_patches(registry: PatchSink, backend: Target) -> None:
-    from . import (accelerator, amp, backend_flags, cuda_namespace, data, environment, factories,
+    from . import (accelerator, amp, backend_flags, cuda_namespace, data, data_parallel, environment, factories,
                    generator, legacy, loading, processes, tensors)
     from ..devices import DeviceMap
 
@@ -24,6 +24,7 @@ def ascend_patch_register_patches(registry: PatchSink, backend: Target) -> None:
     registry.extend(generator.generator_patches(dmap))
     registry.extend(amp.amp_patches(backend, dmap))
     registry.extend(data.data_patches(backend))
+    registry.extend(data_parallel.data_parallel_patches(backend, dmap))
     registry.extend(processes.process_patches(settings))
     registry.extend(legacy.legacy_patches(backend, dmap))
     registry.extend(backend_flags.backend_flag_patches(backend))
