@@ -19,7 +19,7 @@ from ..config import Settings
 from ..usage import ApiUse
 from .manager import PatchManager, PatchStatus, manager
 
-__all__ = ["Report", "apply_and_report", "build_report", "print_at_exit"]
+__all__ = ["Report", "apply_and_report", "build_report", "print_at_exit", "process_label", "set_process_label"]
 
 
 def _table(headers: list[str], rows: list[list[str]], limits: dict[int, int] | None = None) -> str:
@@ -102,6 +102,28 @@ def build_report(manager: PatchManager) -> Report:
 
 
 _registered = False
+_label: str | None = None
+
+
+def process_label() -> str:
+    """How this process names itself in the report: its rank, or its place in an mp.spawn job."""
+    if _label is not None:
+        return _label
+    return f"rank {os.environ.get('RANK', '0')}"
+
+
+def set_process_label(label: str) -> None:
+    """Name this process in the report (``torch.multiprocessing.spawn``'s children and parent)."""
+    global _label
+    _label = label
+
+
+def _prints(every_rank: bool) -> bool:
+    if every_rank:
+        return True
+    if _label is not None and _label.startswith("mp.spawn process "):
+        return _label.startswith("mp.spawn process 0 ")
+    return os.environ.get("RANK", "0") == "0"
 
 
 def print_at_exit(manager: PatchManager, every_rank: bool, stream: TextIO | None = None) -> None:
@@ -112,13 +134,12 @@ def print_at_exit(manager: PatchManager, every_rank: bool, stream: TextIO | None
     _registered = True
 
     def emit() -> None:
-        rank = os.environ.get("RANK", "0")
-        if manager.recorder is None or (not every_rank and rank != "0"):
-            return  # reporting was switched off by a later apply()
+        if manager.recorder is None or not _prints(every_rank):
+            return  # reporting was switched off by a later apply(), or another rank prints it
         report = build_report(manager)
         out = stream or sys.stderr
         sys.stdout.flush()
-        header = f"=== ascend_patch migration report (rank {rank}, pid {os.getpid()}) ==="
+        header = f"=== ascend_patch migration report ({process_label()}, pid {os.getpid()}) ==="
         print("\n".join([header, report.summary(), "", report.usage_table(), ""]), file=out, flush=True)
 
     atexit.register(emit)
