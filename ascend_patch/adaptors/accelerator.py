@@ -54,8 +54,9 @@ class Accelerator:
         self.dm = target.device_module
         self.available = settings.cuda_is_available
         self.cuda = torch.device("cuda")
-        # the device types torch.accelerator accepts: cuda on both targets, and npu's own
-        self.types = ("cuda",) if target.name == "cpu" else ("cuda", target.device_type)
+        # the device types torch.accelerator accepts: cuda, and the target's own (where the tensors
+        # are: `current_stream(tensor.device)`, which torch.compile's stream guards call, too)
+        self.types = ("cuda", target.device_type)
 
     def index(self, device: Any, optional: bool) -> int:
         """What ``torch.accelerator._utils._get_device_index`` answers, a CUDA device included."""

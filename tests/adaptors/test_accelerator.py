@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.accelerator as accelerator
 import torch.distributed as dist
@@ -47,6 +48,9 @@ def test_streams_memory_and_capability(patched):
     assert accelerator.current_stream().is_capturing() is False  # what optimizer.step() asks on cuda
     accelerator.synchronize()
     accelerator.synchronize("cuda:0")
+    assert accelerator.current_stream(torch.ones(1).device) == torch.cuda.current_stream()  # where tensors are
+    with pytest.raises(ValueError, match="meta doesn't match the current accelerator"):
+        accelerator.current_stream(torch.device("meta"))
     assert accelerator.memory_allocated() > 0
     free, total = accelerator.get_memory_info()
     assert 0 < free <= total
