@@ -36,7 +36,7 @@ from ..config import Settings
 from ..devices import DeviceMap
 from ..patch import Action, Patch, Replace, Wrap
 
-__all__ = ["Accelerator", "accelerator_patches"]
+__all__ = ["Accelerator", "NPU_THROUGH_DEVICE_MODULE", "accelerator_patches"]
 
 _MOD = "torch.accelerator"
 # dtypes tensors can be made in and converted between on the host
@@ -171,12 +171,12 @@ def _cpu_patches(target: Backend, settings: Settings) -> list[Patch]:
             continue  # an older torch without this function: nothing to answer
         action = Action.NOOP if name in _NOOPS else Action.EMULATED
         patches.append(Replace(f"{_MOD}:{name}", "the cpu target is the accelerator torch.cuda says it is",
-                               replacement=fn, action=action, api=f"{_MOD}.{name}"))
+                               replacement=fn, action=action, api=f"{_MOD}.{name}", backends=frozenset({"cpu"})))
     return patches
 
 
 # what goes through torch.npu on the npu target (the current device is one runtime state)
-_NPU_THROUGH_DEVICE_MODULE = ("current_device_index", "current_device_idx", "set_device_index", "set_device_idx",
+NPU_THROUGH_DEVICE_MODULE = ("current_device_index", "current_device_idx", "set_device_index", "set_device_idx",
                               "device_index", "synchronize")
 
 
@@ -188,7 +188,7 @@ def _npu_patches(target: Backend, settings: Settings, dmap: DeviceMap) -> list[P
     patches: list[Patch] = [
         Replace(f"{_MOD}:{name}", "the current NPU is torch.npu's, as for torch.cuda.*", replacement=functions[name],
                 action=Action.TRANSLATED, api=f"{_MOD}.{name}")
-        for name in _NPU_THROUGH_DEVICE_MODULE if hasattr(accelerator, name)]
+        for name in NPU_THROUGH_DEVICE_MODULE if hasattr(accelerator, name)]
 
     def get_device_index(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if args:

@@ -147,8 +147,9 @@ def data_parallel_patches(target: Backend, dmap: DeviceMap) -> list[Patch]:
     where = "torch.nn.parallel.data_parallel:DataParallel"
     return [
         Replace(f"{where}.__init__", "device_ids default to every virtual device (torch.cuda.device_count())",
-                make=lambda orig: _init(orig, target, dmap), action=Action.EMULATED, count_calls=False),
+                make=lambda orig: _init(orig, target, dmap), action=Action.EMULATED, count_calls=False,
+                backends=frozenset({"cpu"})),
         Replace(f"{where}.forward",
                 "scatter over the virtual devices, one replica after another, gather: the numbers of N GPUs",
-                make=_forward, action=Action.EMULATED, count_calls=False),
+                make=_forward, action=Action.EMULATED, count_calls=False, backends=frozenset({"cpu"})),
     ]
