@@ -62,7 +62,8 @@ def _call_site(frame: FrameType | None) -> str:
     first = frame
     while frame is not None:
         name = frame.f_code.co_filename
-        if not name.startswith(_LIBRARY_DIRS) and not name.startswith("<"):
+        # ascend_patch's own frames again: a patched call that runs torch, which calls a CUDA API
+        if not name.startswith(_LIBRARY_DIRS) and not name.startswith("<") and not name.startswith(_SKIP_DIRS):
             return f"{name}:{frame.f_lineno}"
         frame = frame.f_back
     return f"{first.f_code.co_filename}:{first.f_lineno}"  # only library code called it (a thread, atexit)

@@ -21,6 +21,22 @@ def test_the_first_call_site_is_the_program_s_line_not_torch_s():
         assert uses()["torch.cuda.manual_seed_all"].first_site == f"{__file__}:{line}"
 
 
+def test_a_call_torch_makes_inside_a_patched_function_is_charged_to_the_program():
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+
+    with ascend_patch.patched(Settings(device="cpu", report="1")):
+        dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
+        try:
+            # the patched DeviceMesh.__init__ runs torch's, which asks torch.cuda.is_available():
+            # that use is the program's line, not ascend_patch's frame between them
+            DeviceMesh("cuda", [0])
+            line = sys._getframe().f_lineno - 1
+            assert uses()["torch.cuda.is_available"].first_site == f"{__file__}:{line}"
+        finally:
+            dist.destroy_process_group()
+
+
 def test_torch_accelerator_calls_are_named_and_a_gpu_path_is_no_fallback():
     with ascend_patch.patched(Settings(device="cpu", report="1")):
         device = torch.accelerator.current_accelerator()
