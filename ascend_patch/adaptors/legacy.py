@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -41,16 +42,21 @@ def legacy_type_names() -> list[str]:
     return sorted(names)
 
 
+def _storage_dtype(obj: Any) -> Any:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # reading a legacy storage class's dtype warns that TypedStorage is deprecated
+        return getattr(obj, "dtype", None)
+
+
 def legacy_storage_names() -> list[str]:
     """The ``torch.cuda.<X>Storage`` legacy types that have a host counterpart ``torch.<X>Storage``."""
     names = []
     for name in dir(torch.cuda):
+        if not name.endswith("Storage") or not hasattr(torch, name):
+            continue
         obj = getattr(torch.cuda, name, None)
-        ours = getattr(obj, "__ascend_legacy__", False)
-        if name.endswith("Storage") and (ours or isinstance(obj, type)) and isinstance(getattr(obj, "dtype", None),
-                                                                                    torch.dtype):
-            if hasattr(torch, name):
-                names.append(name)
+        if isinstance(obj, type) and isinstance(_storage_dtype(obj), torch.dtype):
+            names.append(name)
     return sorted(names)
 
 
@@ -61,7 +67,7 @@ def _legacy_storage(name: str, dtype: torch.dtype, target: Backend) -> type:
     class _LegacyStorage(type):
         def __call__(cls, *args: Any, **kwargs: Any) -> Any:
             note(api)
-            storage = host_type(*args, **kwargs)
+            storage = host_type(*args, **kwargs)  # warns as torch's legacy storages do
             if target.keeps_index:  # npu: the current device, as CUDA's legacy storages use
                 storage = storage.to(device=target.device(target.device_module.current_device()))
             return storage
@@ -147,7 +153,7 @@ def legacy_patches(target: Backend, dmap: DeviceMap) -> list[Patch]:
                                "the legacy constructor builds on the target; isinstance holds for target tensors",
                                replacement=_legacy_type(name, dtype, target, dmap), count_calls=False))
     for name in legacy_storage_names():
-        dtype = getattr(torch.cuda, name).dtype
+        dtype = _storage_dtype(getattr(torch.cuda, name))
         patches.append(Replace(f"torch.cuda:{name}",
                                "the legacy storage builds on the target; isinstance holds for target storages",
                                replacement=_legacy_storage(name, dtype, target), count_calls=False))

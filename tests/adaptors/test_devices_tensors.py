@@ -266,3 +266,13 @@ def test_torch_compile_under_the_patch(patched):
         return x * 2 + torch.ones(4, device="cuda")
 
     assert f(torch.ones(4, device="cuda")).tolist() == [3.0, 3.0, 3.0, 3.0]
+
+
+def test_applying_the_legacy_storage_patches_warns_nothing(cpu_settings):
+    import ascend_patch
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with ascend_patch.patched(cpu_settings):
+            pass
+    assert [str(w.message) for w in caught if "TypedStorage" in str(w.message)] == []
