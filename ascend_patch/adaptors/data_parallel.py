@@ -140,6 +140,19 @@ def _forward(original: Any) -> Any:
     return forward
 
 
+def _functional(original: Any) -> Any:
+    @replacing(original)
+    def data_parallel(module: nn.Module, inputs: Any, device_ids: Any = None, output_device: Any = None,
+                      dim: int = 0, module_kwargs: Any = None) -> Any:
+        if not isinstance(inputs, tuple):
+            inputs = (inputs,) if inputs is not None else ()
+        # the functional form is one DataParallel call (torch's runs the same scatter/replicate/gather)
+        wrapper = nn.DataParallel(module, device_ids=device_ids, output_device=output_device, dim=dim)
+        return wrapper(*inputs, **(module_kwargs or {}))
+
+    return data_parallel
+
+
 def data_parallel_patches(target: Backend, dmap: DeviceMap) -> list[Patch]:
     """On cpu, DataParallel scatters over the virtual devices; on npu torch's own runs on the NPUs."""
     if target.name != "cpu":
@@ -152,4 +165,6 @@ def data_parallel_patches(target: Backend, dmap: DeviceMap) -> list[Patch]:
         Replace(f"{where}.forward",
                 "scatter over the virtual devices, one replica after another, gather: the numbers of N GPUs",
                 make=_forward, action=Action.EMULATED, count_calls=False, backends=frozenset({"cpu"})),
+        Replace("torch.nn.parallel.data_parallel:data_parallel", "the functional form is one DataParallel call",
+                make=_functional, action=Action.EMULATED, count_calls=False, backends=frozenset({"cpu"})),
     ]

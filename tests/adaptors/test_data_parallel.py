@@ -104,10 +104,22 @@ def test_device_ids_beyond_the_virtual_devices_are_refused(patched, monkeypatch)
         nn.DataParallel(LossModel(), device_ids=[0, 2])
 
 
+def test_the_functional_form_scatters_too(patched, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    model = LossModel()
+    x, y = batch()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = nn.parallel.data_parallel(model, (x, y))
+        assert torch.nn.parallel.data_parallel(model, x[:2], module_kwargs={"y": y[:2]}).shape == (2,)
+    torch.testing.assert_close(out, torch.stack([model(x[:3], y[:3]), model(x[3:], y[3:])]))
+
+
 def test_remove_restores_data_parallel_by_identity():
     import ascend_patch
 
-    init, forward = nn.DataParallel.__init__, nn.DataParallel.forward
+    init, forward, functional = nn.DataParallel.__init__, nn.DataParallel.forward, nn.parallel.data_parallel
     with ascend_patch.patched(Settings(device="cpu")):
-        assert nn.DataParallel.forward is not forward
+        assert nn.DataParallel.forward is not forward and nn.parallel.data_parallel is not functional
     assert nn.DataParallel.__init__ is init and nn.DataParallel.forward is forward
+    assert nn.parallel.data_parallel is functional
