@@ -165,7 +165,17 @@ _NOOPS = frozenset({"synchronize", "empty_cache", "empty_host_cache", "reset_acc
 def _cpu_patches(target: Backend, settings: Settings) -> list[Patch]:
     import torch.accelerator as accelerator
 
-    patches: list[Patch] = []
+    available = settings.cuda_is_available
+
+    def get_device_module(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        device = args[0] if args else kwargs.get("device")
+        if device is None and available:
+            return torch.cuda  # the current accelerator's module, as on a CUDA build
+        return wrapped(*args, **kwargs)
+
+    patches: list[Patch] = [Wrap("torch:get_device_module", "no device: the current accelerator's module (torch.cuda)",
+                                 wrapper=get_device_module, action=Action.EMULATED, count_calls=False,
+                                 backends=frozenset({"cpu"}))]
     for name, fn in Accelerator(target, settings).functions().items():
         if not hasattr(accelerator, name):
             continue  # an older torch without this function: nothing to answer

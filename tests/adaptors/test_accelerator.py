@@ -22,6 +22,8 @@ def test_the_cpu_target_is_the_cuda_accelerator(patched, monkeypatch):
     assert dist.get_default_backend_for_device(accelerator.current_accelerator()) == "nccl"  # gloo underneath
     x = torch.ones(2, device=accelerator.current_accelerator())
     assert x.device == torch.device("cpu")
+    assert torch.get_device_module() is torch.get_device_module(accelerator.current_accelerator()) is torch.cuda
+    assert torch.get_device_module("cpu") is torch.cpu
 
 
 def test_the_current_index_is_torch_cuda_s(patched, monkeypatch):
@@ -71,6 +73,7 @@ def test_cuda_not_available_means_no_accelerator():
         assert accelerator.is_available() is False and torch.cuda.is_available() is False
         assert accelerator.current_accelerator() is None
         assert accelerator.device_count() == 0
+        assert torch.get_device_module() is torch.cpu
 
 
 def test_remove_restores_every_function_by_identity():
