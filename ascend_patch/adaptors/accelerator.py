@@ -33,7 +33,7 @@ import torch
 
 from ..backend import Backend
 from ..config import Settings
-from ..devices import DeviceMap
+from ..devices import NOT_A_DEVICE, DeviceMap
 from ..patch import Action, Patch, Replace, Wrap
 
 __all__ = ["Accelerator", "NPU_THROUGH_DEVICE_MODULE", "accelerator_patches"]
@@ -162,7 +162,28 @@ class Accelerator:
 _NOOPS = frozenset({"synchronize", "empty_cache", "empty_host_cache", "reset_accumulated_memory_stats"})
 
 
-def _cpu_patches(target: Backend, settings: Settings) -> list[Patch]:
+def _event_type(original: type, dmap: DeviceMap) -> type:
+    """``torch.Event``: an event of the current accelerator (no device, or cuda) is the host's timed event."""
+    from ..cpu_host import CpuEvent
+
+    class _EventType(type):
+        def __call__(cls, device: Any = None, *, enable_timing: bool = False, blocking: bool = False,
+                     interprocess: bool = False) -> Any:
+            if device is None or dmap.lookup(device, ints=True) is not NOT_A_DEVICE:
+                return CpuEvent(enable_timing=enable_timing, blocking=blocking, interprocess=interprocess)
+            return original(device, enable_timing=enable_timing, blocking=blocking, interprocess=interprocess)
+
+        def __instancecheck__(cls, obj: Any) -> bool:
+            return isinstance(obj, (original, CpuEvent))
+
+        def __subclasscheck__(cls, sub: type) -> bool:
+            return sub is cls or issubclass(sub, (original, CpuEvent))
+
+    return _EventType("Event", (), {"__module__": "torch", "__qualname__": "Event",
+                                    "__doc__": "torch.Event of the cpu target's accelerator: wall-clock timed."})
+
+
+def _cpu_patches(target: Backend, settings: Settings, dmap: DeviceMap) -> list[Patch]:
     import torch.accelerator as accelerator
 
     available = settings.cuda_is_available
@@ -173,9 +194,13 @@ def _cpu_patches(target: Backend, settings: Settings) -> list[Patch]:
             return torch.cuda  # the current accelerator's module, as on a CUDA build
         return wrapped(*args, **kwargs)
 
-    patches: list[Patch] = [Wrap("torch:get_device_module", "no device: the current accelerator's module (torch.cuda)",
-                                 wrapper=get_device_module, action=Action.EMULATED, count_calls=False,
-                                 backends=frozenset({"cpu"}))]
+    cpu_only = frozenset({"cpu"})
+    patches: list[Patch] = [
+        Wrap("torch:get_device_module", "no device: the current accelerator's module (torch.cuda)",
+             wrapper=get_device_module, action=Action.EMULATED, count_calls=False, backends=cpu_only),
+        Replace("torch:Event", "an event of the accelerator (no device, or cuda) times with the wall clock, as "
+                "torch.cuda.Event does", make=lambda orig: _event_type(orig, dmap), action=Action.EMULATED,
+                count_calls=False, backends=cpu_only)]
     for name, fn in Accelerator(target, settings).functions().items():
         if not hasattr(accelerator, name):
             continue  # an older torch without this function: nothing to answer
@@ -218,5 +243,5 @@ def _npu_patches(target: Backend, settings: Settings, dmap: DeviceMap) -> list[P
 def accelerator_patches(target: Backend, settings: Settings, dmap: DeviceMap) -> list[Patch]:
     """Patches that make ``torch.accelerator`` answer what the patched ``torch.cuda`` answers."""
     if target.name == "cpu":
-        return _cpu_patches(target, settings)
+        return _cpu_patches(target, settings, dmap)
     return _npu_patches(target, settings, dmap)

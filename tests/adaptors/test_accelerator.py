@@ -66,6 +66,18 @@ def test_streams_memory_and_capability(patched):
     assert not torch.equal(before, model.weight)
 
 
+def test_device_generic_events_time_on_the_host(patched):
+    import time
+
+    start, end = torch.Event(enable_timing=True), torch.Event(device="cuda:0", enable_timing=True)
+    start.record()
+    time.sleep(0.02)
+    end.record()
+    accelerator.synchronize()
+    assert 15 <= start.elapsed_time(end) < 2000  # milliseconds, as CUDA events report
+    assert isinstance(start, torch.Event) and isinstance(torch.cuda.Event(), torch.Event)
+
+
 def test_cuda_not_available_means_no_accelerator():
     import ascend_patch
 
@@ -80,7 +92,10 @@ def test_remove_restores_every_function_by_identity():
     import ascend_patch
 
     originals = {name: getattr(accelerator, name) for name in NAMES}
+    event, get_device_module = torch.Event, torch.get_device_module
     with ascend_patch.patched(Settings(device="cpu")):
         assert all(getattr(accelerator, name) is not originals[name] for name in NAMES)
+        assert torch.Event is not event and torch.get_device_module is not get_device_module
     assert all(getattr(accelerator, name) is originals[name] for name in NAMES)
+    assert torch.Event is event and torch.get_device_module is get_device_module
     assert accelerator.is_available() is False and accelerator.current_accelerator() is None
