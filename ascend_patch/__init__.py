@@ -123,7 +123,13 @@ def cancel_auto_apply() -> None:
     remove()
 
 
-_auto_settings = read_settings()
+try:
+    _auto_settings = read_settings()
+except ConfigError as _error:
+    from .autoload import stop_if_autoloading
+
+    stop_if_autoloading(_error)  # ends the process when the autoload .pth file imported us
+    raise
 if _auto_settings.enabled:
     _auto_pending = True
     if "torch" in sys.modules:

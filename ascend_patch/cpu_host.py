@@ -36,6 +36,7 @@ __all__ = [
     "peak_rss",
     "reset_peak",
     "rss",
+    "SPAWN_NPROCS",
     "state",
     "visible_count",
 ]
@@ -55,14 +56,36 @@ emulated = action_marker("emulated")
 noop = action_marker("no-op")
 
 
+# Set by ascend_patch in the environment of ``torch.multiprocessing.spawn``'s children: the
+# ``nprocs`` they were started with (internal; not an ASCEND_PATCH_* setting).
+SPAWN_NPROCS = "_ASCEND_PATCH_SPAWN_NPROCS"
+
+
+def _positive(raw: str | None) -> int | None:
+    try:
+        value = int(raw) if raw is not None else 0
+    except ValueError:
+        return None
+    return value if value > 0 else None
+
+
 def visible_count() -> int:
+    """The number of virtual devices: the local world the program was launched into.
+
+    The entries of ``CUDA_VISIBLE_DEVICES`` when set; else, in a child of
+    ``torch.multiprocessing.spawn``, its ``nprocs``; else ``LOCAL_WORLD_SIZE`` when a
+    launcher (torchrun) set it; else 1. So ``set_device(local_rank)`` works for every
+    worker of each launch idiom, and ``device_count()``, ``torch.accelerator`` and
+    ``nn.DataParallel`` agree on the count.
+    """
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None and visible.strip() != "":
         return len([v for v in visible.split(",") if v.strip() != ""])
-    try:
-        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    except ValueError:
-        return 1
+    for name in (SPAWN_NPROCS, "LOCAL_WORLD_SIZE"):
+        value = _positive(os.environ.get(name))
+        if value is not None:
+            return value
+    return 1
 
 
 class _State(threading.local):
@@ -92,7 +115,8 @@ def check_index(index: int) -> int:
     if not 0 <= index < count:
         raise RuntimeError(
             f"invalid device ordinal {index}: the cpu target has {count} virtual device(s) "
-            "(CUDA_VISIBLE_DEVICES, else LOCAL_WORLD_SIZE, else 1)"
+            "(CUDA_VISIBLE_DEVICES, else the mp.spawn nprocs, else LOCAL_WORLD_SIZE, else 1); "
+            "set CUDA_VISIBLE_DEVICES=0,1,... to present more"
         )
     return index
 

@@ -33,12 +33,40 @@ class ApiUse:
     first_site: str
 
 
+def _library_dirs() -> tuple[str, ...]:
+    """Where installed packages and the standard library live: frames there are not the program's."""
+    import sysconfig
+
+    dirs = set()
+    for scheme_path in ("purelib", "platlib", "stdlib", "platstdlib"):
+        path = sysconfig.get_paths().get(scheme_path)
+        if path:
+            dirs.add(os.path.realpath(path) + os.sep)
+            dirs.add(os.path.abspath(path) + os.sep)
+    import site
+
+    for path in [*getattr(site, "getsitepackages", lambda: [])(), site.getusersitepackages()]:
+        dirs.add(os.path.abspath(path) + os.sep)
+    return tuple(sorted(dirs))
+
+
+_LIBRARY_DIRS = _library_dirs()
+
+
 def _call_site(frame: FrameType | None) -> str:
+    """The first frame in the program's own code (not torch/random.py); else the first outside ascend_patch."""
     while frame is not None and frame.f_code.co_filename.startswith(_SKIP_DIRS):
         frame = frame.f_back
     if frame is None:
         return "?"
-    return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+    first = frame
+    while frame is not None:
+        name = frame.f_code.co_filename
+        # ascend_patch's own frames again: a patched call that runs torch, which calls a CUDA API
+        if not name.startswith(_LIBRARY_DIRS) and not name.startswith("<") and not name.startswith(_SKIP_DIRS):
+            return f"{name}:{frame.f_lineno}"
+        frame = frame.f_back
+    return f"{first.f_code.co_filename}:{first.f_lineno}"  # only library code called it (a thread, atexit)
 
 
 class UsageRecorder:

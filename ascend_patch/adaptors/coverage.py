@@ -23,12 +23,22 @@ _CPU_ACTION = {"emulated": "emulated", "no-op": "no-op", "translated": "translat
 
 def _npu_column(target: str, backends: frozenset[str]) -> str:
     module, _, attr = target.partition(":")
+    from .accelerator import NPU_THROUGH_DEVICE_MODULE
+    from .legacy import legacy_storage_names, legacy_type_names
+
+    if module == "torch.accelerator":  # the cpu rows; the npu target has patches of its own
+        if attr in NPU_THROUGH_DEVICE_MODULE:
+            return "through `torch.npu`, as `torch.cuda.*` (`cuda:N` names `npu:N`)"
+        if attr == "is_available":
+            return "torch_npu's accelerator, honouring `ASCEND_PATCH_CUDA_IS_AVAILABLE`"
+        return "torch_npu's own accelerator (`npu`); a `cuda:N` given to it names `npu:N`"
     if "npu" not in backends:
         return "not patched: torch_npu's own behaviour"
-    from .legacy import legacy_type_names
 
-    if module == "torch.cuda" and attr in legacy_type_names():
+    if module == "torch.cuda" and attr in legacy_type_names() + legacy_storage_names():
         return "the same adaptor, built on the current `npu:N`"
+    if target == "torch:set_default_tensor_type":
+        return "the same adaptor: `torch.cuda.*Tensor` -> `torch.npu.*Tensor` (torch_npu's legacy types)"
     if module == "torch.cuda" and not attr.startswith("_") and attr != "is_available":
         return f"`torch.npu.{attr}`, or raises UnsupportedOnTarget if torch_npu lacks it"
     if module == "torch.cuda.nvtx":

@@ -4,8 +4,8 @@
   for the NPU (the device string is dropped: torch now derives it from the
   accelerator); on cpu there is no device memory to pin for, so pinning is switched
   off instead of warning on every loader.
-* ``nn.DataParallel``: torch's own device-type probe answers the target, so on cpu
-  DataParallel runs the module directly, as torch does on a machine without GPUs.
+* ``nn.DataParallel``: torch's own device-type probe answers the target; on cpu
+  :mod:`.data_parallel` scatters over the virtual devices as N GPUs would.
 * ``torch.set_default_device("cuda")`` sets the target through torch's ``DeviceContext``,
   which :mod:`.legacy` translates (one patch serves it and ``with torch.device(...)``).
 """

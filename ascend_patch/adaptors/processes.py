@@ -9,14 +9,21 @@ line applies ascend_patch with the parent's settings first, so that import finds
 parent found (Megatron-LM's ``pretrain_gpt.py`` imports megatron-core modules that need the
 patch to import at all). Launchers that start their own Python children can rely on
 ``ASCEND_PATCH_AUTOLOAD=1`` instead (the installed ``.pth`` file honours it).
+
+``torch.multiprocessing.spawn(fn, nprocs=N)`` on one node is a local world of N: its
+children are started with ``nprocs`` in their environment, so on the cpu target they see
+N virtual devices from their first line on (``set_device(rank)`` works, as on a node
+with N GPUs), and each labels its migration report ``mp.spawn process i of N``.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 from typing import Any
 
 from ..config import Settings
+from ..cpu_host import SPAWN_NPROCS
 from ..patch import Patch, Wrap
 
 __all__ = ["PatchedEntry", "patched_command_line", "process_patches"]
@@ -25,15 +32,18 @@ __all__ = ["PatchedEntry", "patched_command_line", "process_patches"]
 class PatchedEntry:
     """``fn`` run in a child after ascend_patch is applied there with the parent's settings."""
 
-    def __init__(self, fn: Any, environ: dict[str, str]) -> None:
+    def __init__(self, fn: Any, environ: dict[str, str], nprocs: int = 0) -> None:
         self.fn = fn
         self.environ = environ
+        self.nprocs = nprocs
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         os.environ.update(self.environ)
-        from .report import apply_and_report
+        from . import report
 
-        apply_and_report()  # what ascend_patch.apply() does, from the layer that implements it
+        if self.nprocs and args and isinstance(args[0], int):  # start_processes passes the index first
+            report.set_process_label(f"mp.spawn process {args[0]} of {self.nprocs}")
+        report.apply_and_report()  # what ascend_patch.apply() does, from the layer that implements it
         return self.fn(*args, **kwargs)
 
 
@@ -47,13 +57,38 @@ def patched_command_line(command: list[Any], environ: dict[str, str]) -> list[An
     return [*command[:at], prefix + command[at], *command[at + 1:]]
 
 
+def _nprocs(wrapped: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    try:
+        nprocs = inspect.signature(wrapped).bind(*args, **kwargs).arguments.get("nprocs", 1)
+    except TypeError:
+        return 0  # torch raises about the arguments itself
+    return nprocs if isinstance(nprocs, int) and nprocs > 0 else 0
+
+
 def process_patches(settings: Settings) -> list[Patch]:
     def start_processes(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        nprocs = _nprocs(wrapped, args, kwargs)
         if args and not isinstance(args[0], PatchedEntry):
-            args = (PatchedEntry(args[0], settings.to_environ()), *args[1:])
+            args = (PatchedEntry(args[0], settings.to_environ(), nprocs), *args[1:])
         elif "fn" in kwargs and not isinstance(kwargs["fn"], PatchedEntry):
-            kwargs["fn"] = PatchedEntry(kwargs["fn"], settings.to_environ())
-        return wrapped(*args, **kwargs)
+            kwargs["fn"] = PatchedEntry(kwargs["fn"], settings.to_environ(), nprocs)
+        if not nprocs:
+            return wrapped(*args, **kwargs)
+        from . import report
+
+        if not report.process_label().endswith(", mp.spawn parent"):
+            report.set_process_label(report.process_label() + ", mp.spawn parent")
+        # the children inherit the environment when they start (before they re-import the main
+        # script): nprocs is their local world; the parent's own count is unchanged afterwards
+        before = os.environ.get(SPAWN_NPROCS)
+        os.environ[SPAWN_NPROCS] = str(nprocs)
+        try:
+            return wrapped(*args, **kwargs)
+        finally:
+            if before is None:
+                os.environ.pop(SPAWN_NPROCS, None)
+            else:
+                os.environ[SPAWN_NPROCS] = before
 
     def command_line(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return patched_command_line(wrapped(*args, **kwargs), settings.to_environ())

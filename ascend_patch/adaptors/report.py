@@ -19,7 +19,7 @@ from ..config import Settings
 from ..usage import ApiUse
 from .manager import PatchManager, PatchStatus, manager
 
-__all__ = ["Report", "apply_and_report", "build_report", "print_at_exit"]
+__all__ = ["Report", "apply_and_report", "build_report", "print_at_exit", "process_label", "set_process_label"]
 
 
 def _table(headers: list[str], rows: list[list[str]], limits: dict[int, int] | None = None) -> str:
@@ -44,6 +44,7 @@ class Report:
     uses: list[ApiUse] = field(default_factory=list)
     reporting: bool = False
     plugin_failures: list[str] = field(default_factory=list)
+    cuda_is_available: bool = True
 
     def counts(self) -> dict[str, int]:
         return dict(Counter(s.state for s in self.statuses))
@@ -69,7 +70,24 @@ class Report:
         if not self.uses:
             return "The program called no CUDA API."
         rows = [[u.api, str(u.calls), u.action, u.first_site] for u in self.uses]
-        return _table(["CUDA API", "calls", "done", "first call site"], rows, {0: 60})
+        table = _table(["CUDA API", "calls", "done", "first call site"], rows, {0: 60})
+        fallback = self.cpu_fallback()
+        return table + ("\n\n" + fallback if fallback else "")
+
+    def cpu_fallback(self) -> str:
+        """A warning when the program asked for a GPU and then placed nothing on one (it took its CPU path)."""
+        probes = [u for u in self.uses if u.api in _PROBES]
+        if not probes or any(u.action == "translated" for u in self.uses):
+            return ""
+        asked = ", ".join(f"{u.api} at {u.first_site}" for u in probes)
+        if not self.cuda_is_available:
+            return (f"CPU fallback: the program asked for a GPU ({asked}), was told there is none "
+                    "(ASCEND_PATCH_CUDA_IS_AVAILABLE=0) and placed nothing on a CUDA device: it ran its CPU "
+                    "path. Unset ASCEND_PATCH_CUDA_IS_AVAILABLE (or set it to 1) to run its CUDA path on "
+                    f"the {self.target} target.")
+        return (f"CPU fallback: the program asked for a GPU ({asked}) but placed nothing on a CUDA device: "
+                "it most likely took its CPU path. Check how it picks its device (a --cpu/--no-cuda flag, "
+                "torch.backends.mps, an environment variable) or run it with --report all.")
 
     def summary(self) -> str:
         if self.target is None:
@@ -98,10 +116,37 @@ def build_report(manager: PatchManager) -> Report:
         uses=recorder.uses() if recorder is not None else [],
         reporting=recorder is not None,
         plugin_failures=list(manager.plugin_failures),
+        cuda_is_available=manager.settings.cuda_is_available if manager.settings is not None else True,
     )
 
 
+# the questions a program asks before it picks its device
+_PROBES = frozenset({"torch.cuda.is_available", "torch.cuda.device_count", "torch.accelerator.is_available",
+                     "torch.accelerator.current_accelerator", "torch.accelerator.device_count"})
+
 _registered = False
+_label: str | None = None
+
+
+def process_label() -> str:
+    """How this process names itself in the report: its rank, or its place in an mp.spawn job."""
+    if _label is not None:
+        return _label
+    return f"rank {os.environ.get('RANK', '0')}"
+
+
+def set_process_label(label: str) -> None:
+    """Name this process in the report (``torch.multiprocessing.spawn``'s children and parent)."""
+    global _label
+    _label = label
+
+
+def _prints(every_rank: bool) -> bool:
+    if every_rank:
+        return True
+    if _label is not None and _label.startswith("mp.spawn process "):
+        return _label.startswith("mp.spawn process 0 ")
+    return os.environ.get("RANK", "0") == "0"
 
 
 def print_at_exit(manager: PatchManager, every_rank: bool, stream: TextIO | None = None) -> None:
@@ -112,13 +157,12 @@ def print_at_exit(manager: PatchManager, every_rank: bool, stream: TextIO | None
     _registered = True
 
     def emit() -> None:
-        rank = os.environ.get("RANK", "0")
-        if manager.recorder is None or (not every_rank and rank != "0"):
-            return  # reporting was switched off by a later apply()
+        if manager.recorder is None or not _prints(every_rank):
+            return  # reporting was switched off by a later apply(), or another rank prints it
         report = build_report(manager)
         out = stream or sys.stderr
         sys.stdout.flush()
-        header = f"=== ascend_patch migration report (rank {rank}, pid {os.getpid()}) ==="
+        header = f"=== ascend_patch migration report ({process_label()}, pid {os.getpid()}) ==="
         print("\n".join([header, report.summary(), "", report.usage_table(), ""]), file=out, flush=True)
 
     atexit.register(emit)

@@ -175,6 +175,21 @@ def data_and_parallel() -> dict:
     return out
 
 
+def accelerator() -> dict:
+    """torch_npu's own accelerator (privateuse1 "npu") stays; both namespaces give one answer."""
+    acc = torch.accelerator
+    out = {"current": str(acc.current_accelerator()), "available": acc.is_available(),
+           "counts": [acc.device_count(), torch.cuda.device_count()]}
+    acc.set_device_index("cuda:1")  # a CUDA device names the NPU with the same index
+    out["after_cuda1"] = [acc.current_device_index(), torch.cuda.current_device()]
+    torch.cuda.set_device(0)
+    out["after_cuda_set_device0"] = [acc.current_device_index(), torch.cuda.current_device()]
+    acc.set_device_index(torch.device("npu", 1))
+    out["after_npu1"] = [acc.current_device_index(), torch.cuda.current_device()]
+    torch.cuda.set_device(0)
+    return out
+
+
 def flags() -> dict:
     npu = torch.npu
     matmul = torch.backends.cuda.matmul
@@ -242,7 +257,7 @@ def main() -> None:
     added = [s.patch.target for s in report.rows("applied") if s.patch.kind is PatchKind.ADD]
     try:
         for group in (lambda: selection(report), transfers, factories, legacy, load, amp, data_and_parallel, flags,
-                      cuda_namespace):
+                      cuda_namespace, accelerator):
             name = "selection" if group.__name__ == "<lambda>" else group.__name__
             try:
                 out[name] = group()

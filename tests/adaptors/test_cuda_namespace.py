@@ -44,6 +44,20 @@ def test_virtual_devices_follow_local_world_size(patched, monkeypatch):
         torch.cuda.set_device(0)
 
 
+def test_an_mp_spawn_child_s_local_world_is_its_nprocs(patched, monkeypatch):
+    from ascend_patch.cpu_host import SPAWN_NPROCS
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")  # inherited from a launcher that started the parent
+    monkeypatch.setenv(SPAWN_NPROCS, "3")  # what the spawn patch gives the children
+    assert torch.cuda.device_count() == torch.accelerator.device_count() == 3
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")  # explicit devices win
+    assert torch.cuda.device_count() == 2
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    monkeypatch.setenv(SPAWN_NPROCS, "junk")
+    assert torch.cuda.device_count() == 1  # LOCAL_WORLD_SIZE again
+
+
 def test_device_properties(patched):
     props = torch.cuda.get_device_properties(0)
     assert props.total_memory > 1024**3

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 import torch.nn as nn
@@ -98,13 +100,43 @@ def test_legacy_cuda_tensor_types(patched):
     assert torch.cuda.FloatTensor.dtype == torch.float32 and torch.cuda.FloatTensor.is_cuda
 
 
+def test_legacy_cuda_storage_types(patched):
+    floats = torch.cuda.FloatStorage(3)
+    assert (len(floats), floats.dtype, floats.device.type) == (3, torch.float32, "cpu")
+    longs = torch.cuda.LongStorage([1, 2])
+    assert longs.tolist() == [1, 2] and longs.dtype == torch.int64
+    assert isinstance(floats, torch.cuda.FloatStorage) and isinstance(longs, torch.cuda.LongStorage)
+    assert not isinstance(longs, torch.cuda.FloatStorage) and not isinstance(torch.ones(1), torch.cuda.FloatStorage)
+    assert torch.cuda.BFloat16Storage.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("spelling", ["torch.cuda.DoubleTensor", "type"])
+def test_set_default_tensor_type_cuda(patched, spelling):
+    t = torch.cuda.DoubleTensor if spelling == "type" else spelling
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch deprecates set_default_tensor_type itself
+            torch.set_default_tensor_type(t)
+        made = torch.tensor([1.5])
+        assert (made.dtype, made.device.type, torch.get_default_dtype()) == (torch.float64, "cpu", torch.float64)
+        assert isinstance(torch.zeros(1), torch.cuda.DoubleTensor)
+    finally:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.set_default_tensor_type(torch.FloatTensor)
+    assert torch.get_default_dtype() == torch.float32
+
+
 def test_legacy_types_restored(cpu_settings):
     import ascend_patch
 
-    before = {name: getattr(torch.cuda, name) for name in ("FloatTensor", "LongTensor", "BoolTensor")}
+    before = {name: getattr(torch.cuda, name) for name in ("FloatTensor", "LongTensor", "BoolTensor", "FloatStorage")}
+    set_default = torch.set_default_tensor_type
     with ascend_patch.patched(cpu_settings):
         assert all(getattr(torch.cuda, name) is not obj for name, obj in before.items())
+        assert torch.set_default_tensor_type is not set_default
     assert all(getattr(torch.cuda, name) is obj for name, obj in before.items())
+    assert torch.set_default_tensor_type is set_default
     with pytest.raises((RuntimeError, TypeError, AssertionError)):
         torch.cuda.FloatTensor(2)  # this torch has no CUDA: the legacy type is torch's own again
 
@@ -234,3 +266,13 @@ def test_torch_compile_under_the_patch(patched):
         return x * 2 + torch.ones(4, device="cuda")
 
     assert f(torch.ones(4, device="cuda")).tolist() == [3.0, 3.0, 3.0, 3.0]
+
+
+def test_applying_the_legacy_storage_patches_warns_nothing(cpu_settings):
+    import ascend_patch
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with ascend_patch.patched(cpu_settings):
+            pass
+    assert [str(w.message) for w in caught if "TypedStorage" in str(w.message)] == []

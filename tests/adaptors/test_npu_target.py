@@ -142,3 +142,12 @@ def test_remove_restores_every_original_by_identity_on_npu(npu):
     assert ident["flag_untouched_after_remove"] is True
     assert ident["legacy_type_after"] == "tensortype"
     assert ident["env_after"] is None and ident["active"] is None
+
+
+def test_torch_npu_keeps_its_accelerator_and_both_namespaces_agree(npu):
+    a = npu("accelerator")
+    assert a["current"] == "npu" and a["available"] is True
+    assert a["counts"] == [8, 8]  # torch.accelerator.device_count(), torch.cuda.device_count()
+    assert a["after_cuda1"] == [1, 1]  # set_device_index("cuda:1"): the NPU with the same index
+    assert a["after_cuda_set_device0"] == [0, 0]
+    assert a["after_npu1"] == [1, 1]
