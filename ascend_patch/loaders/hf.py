@@ -107,11 +107,31 @@ class HFLoader(CheckpointLoader):
     def open(self, path: str, options: ConvertOptions) -> SourceCheckpoint:
         if not os.path.isdir(path):
             raise CorruptCheckpoint(f"--load-dir {path} is not a directory")
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            raise CorruptCheckpoint(_no_config(path))
         config = read_config_json(path)
         tensors, file_problems, _ = hf_weight_files(path)
         gen_path = os.path.join(path, "generation_config.json")
         generation = _read_json(gen_path) if os.path.isfile(gen_path) else None
         return source_from_hf_tensors(self.name, path, config, tensors, options, file_problems, generation)
+
+
+def _no_config(path: str) -> str:
+    """Why an HF --load-dir without config.json cannot be read, and which loader it looks like it needs."""
+    from .megatron_layout import TRACKER, iteration_of, parse_rank_dir
+
+    entries = sorted(os.listdir(path))
+    if not entries:
+        return (f"--load-dir {path} is empty: there is no checkpoint to convert. Check the path: a Hugging Face "
+                f"checkpoint holds config.json and *.safetensors; a Megatron one {TRACKER} and iter_*/ "
+                "folders, read with --loader mg")
+    if TRACKER in entries or any(iteration_of(e) is not None or parse_rank_dir(e) for e in entries):
+        return (f"--load-dir {path} is a Megatron checkpoint ({', '.join(entries[:3])}"
+                f"{', ...' if len(entries) > 3 else ''}), not a Hugging Face one (no config.json); "
+                "pass --loader mg (or --load-model-type mg) to read it")
+    return (f"no config.json in --load-dir {path} (found: {', '.join(entries[:10])}"
+            f"{', ...' if len(entries) > 10 else ''}): a Hugging Face checkpoint needs its config.json; "
+            "for a Megatron checkpoint pass --loader mg")
 
 
 def source_from_hf_tensors(fmt: str, path: str, config: dict[str, Any], tensors: dict[str, TensorInfo],

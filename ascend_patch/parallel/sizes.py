@@ -237,9 +237,12 @@ def check_seq_length(seq_length: int, cp: int, tp: int = 1, sequence_parallel: b
             fixes.append(f"{flags.cp} {format_choices(cps, near=cp)}")
         if sp:
             base = 2 * cp if cp > 1 else 1
+            # an odd length under CP fits no TP size: "use TP none" is no advice
             tps = [t for t in divisors(seq_length) if seq_length % math.lcm(base, cp * t) == 0]
-            fixes.append(f"{flags.tp} {format_choices(tps, limit=6, near=tp)}")
-            fixes.append("no --sequence-parallel")
+            if tps:
+                fixes.append(f"{flags.tp} {format_choices(tps, limit=6, near=tp)}")
+            if seq_length % base == 0:  # else CP's chunks do not fit either, with or without it
+                fixes.append("no --sequence-parallel")
         raise ParallelConfigError(
             f"sequence length {seq_length} cannot be split into {' and '.join(parts)}: it must be a multiple "
             f"of {need}", "seq-length", f"use {', or '.join(fixes)}")

@@ -101,3 +101,21 @@ def test_hf_to_mg_never_imports_torch(tmp_path, hf_checkpoint):
                          text=True, check=True).stdout
     assert json.loads(out.strip().splitlines()[-1]) == {"rc": 0, "torch": False}
     assert os.path.isfile(tmp_path / "mg" / "iter_0000001" / "mp_rank_01" / "model_optim_rng.pt")
+
+
+def test_empty_or_megatron_load_dir_without_the_mg_loader_says_what_to_pass(tmp_path, hf_checkpoint, capsys):
+    # issue 13 item 15: both said only "no config.json at .../config.json"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["convert", "--load-dir", str(empty), "--save-dir", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"--load-dir {empty} is empty: there is no checkpoint to convert" in err and "--loader mg" in err
+    hf, _ = hf_checkpoint("qwen2")
+    mg = str(tmp_path / "mg")
+    assert main(["convert", "--load-dir", hf, "--save-dir", mg, "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["convert", "--load-dir", mg, "--save-dir", str(tmp_path / "back")]) == 2
+    err = capsys.readouterr().err
+    assert (f"--load-dir {mg} is a Megatron checkpoint (iter_0000001, latest_checkpointed_iteration.txt), not a "
+            "Hugging Face one (no config.json); pass --loader mg (or --load-model-type mg) to read it") in err
+    assert not os.path.exists(tmp_path / "out") and not os.path.exists(tmp_path / "back")
