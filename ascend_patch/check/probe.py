@@ -10,8 +10,9 @@ on load and has no per-rank folders.
 (:func:`ascend_patch.loaders.torch_io.safe_load`: weights-only unpickling, tensors on the
 meta device, inert stand-ins for Megatron's own classes such as the ``AttnBackend`` enum
 in Megatron-LM's ``args``), so a process without Megatron reads real Megatron-LM
-checkpoints. A file that needs any other global is read only with ``trust=True`` (full
-unpickling runs the file's pickle code). The same file says whether it was saved with
+checkpoints. A file that needs any other global is an error (``unsafe-checkpoint``): it is
+read only with ``trust=True`` (full unpickling runs the file's pickle code), which no
+message suggests. The same file says whether it was saved with
 virtual pipeline stages: ``model0``, ``model1``, ... (one per chunk) instead of ``model``.
 """
 
@@ -109,10 +110,15 @@ def _load_state(file: str, trust: bool, layout: CheckpointLayout) -> dict[str, A
         state = safe_load(file, meta=True)
     except UnsafeCheckpoint as exc:
         if not trust:
+            # an error, not a note: the launch would unpickle this file (Megatron loads with weights_only=False),
+            # and what it needs cannot be told from data; the remedy never suggests running it
             found = re.search(r"refusing to unpickle (.+?), which", str(exc))
-            layout.notes.append(f"args not read from {name}: unpickling it needs {found.group(1) if found else 'a global'}"
-                                f", which is neither a plain container nor a Megatron class; pass --trust-checkpoint "
-                                "to read it with full unpickling (that runs the file's code)")
+            layout.problems.append(Finding(
+                "unsafe-checkpoint", f"{file} cannot be read safely: unpickling it needs "
+                f"{found.group(1) if found else 'a global'}, which is neither a plain container, a tensor nor a "
+                "Megatron class, so its args and layout were not checked (nothing from the file was executed)",
+                "do not load it (Megatron's torch.load(weights_only=False) would run that code); take the "
+                "checkpoint from a source you trust, or re-save its tensors and args where it was written"))
             return None
         try:
             state = _full_load(file)

@@ -341,12 +341,44 @@ def test_a_pickle_needing_other_code_is_not_run(tmp_path):
     ckpt = make_checkpoint(tmp_path / "odd", args={"when": datetime.date(2024, 1, 2)})
     layout = probe_checkpoint(str(ckpt))
     assert layout.args == {} and (layout.pp, layout.ep) == (1, 1)
-    assert layout.notes == [(
-        "args not read from model_optim_rng.pt: unpickling it needs datetime.date, which is neither a plain "
-        "container nor a Megatron class; pass --trust-checkpoint to read it with full unpickling (that runs the "
-        "file's code)")]
-    trusted = probe_checkpoint(str(ckpt), trust=True)
-    assert trusted.args["num_layers"] == 8 and trusted.notes == []
+    rank_file = f"{ckpt}/iter_0000100/mp_rank_00/model_optim_rng.pt"
+    assert [str(p) for p in layout.problems] == [(
+        f"{rank_file} cannot be read safely: unpickling it needs datetime.date, which is neither a plain container, "
+        "a tensor nor a Megatron class, so its args and layout were not checked (nothing from the file was "
+        "executed); do not load it (Megatron's torch.load(weights_only=False) would run that code); take the "
+        "checkpoint from a source you trust, or re-save its tensors and args where it was written")]
+    trusted = probe_checkpoint(str(ckpt), trust=True)  # the user's explicit choice; no message suggests it
+    assert trusted.args["num_layers"] == 8 and trusted.notes == [] and trusted.problems == []
+
+
+class _RunsCode:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_hostile_rank_file_is_an_error_and_the_clean_copy_still_shows_its_real_error(tmp_path, capsys):
+    # issue 13 item 9: the hostile copy said "OK: no errors" and advised --trust-checkpoint
+    config = hf_config(tmp_path, layers=28)
+    clean = make_checkpoint(tmp_path / "clean", args={"num_layers": 24})
+    hostile = make_checkpoint(tmp_path / "hostile", args={"num_layers": 24})
+    marker = tmp_path / "pwned"
+    rank_file = hostile / "iter_0000100" / "mp_rank_00" / "model_optim_rng.pt"
+    state = torch.load(rank_file, weights_only=False)
+    state["extra"] = _RunsCode(str(marker))
+    torch.save(state, rank_file)
+    code, out = run(capsys, "--world-size", 1, "--hf-config", config, "--load", clean)
+    assert code == 1
+    assert f"the checkpoint was saved with num_layers=24 but qwen2 from {config} says 28" in out
+    code, out = run(capsys, "--world-size", 1, "--hf-config", config, "--load", hostile)
+    assert code == 1 and "OK: no errors" not in out and "1 error(s)" in out
+    assert f"{rank_file} cannot be read safely: unpickling it needs posix.system" in out
+    assert "--trust-checkpoint" not in out and "weights_only=False) would run that code" in out
+    assert not marker.exists()
 
 
 def test_first_and_last_stage_flags_describe_an_uneven_launch(tmp_path, capsys):
