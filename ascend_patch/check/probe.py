@@ -100,6 +100,53 @@ def _full_load(file: str) -> Any:
         return torch.load(file, map_location="cpu", weights_only=False)  # legacy (non-zip) file
 
 
+def _unsafe_finding(file: str, exc: Exception) -> Finding:
+    # an error, not a note: the launch would unpickle this file (Megatron loads with weights_only=False),
+    # and what it needs cannot be told from data; the remedy never suggests running it
+    found = re.search(r"refusing to unpickle (.+?), which", str(exc))
+    return Finding("unsafe-checkpoint", f"{file} cannot be read safely: unpickling it needs "
+                   f"{found.group(1) if found else 'a global'}, which is neither a plain container, a tensor nor a "
+                   "Megatron class, so its args and layout were not checked (nothing from the file was executed)",
+                   "do not load it (Megatron's torch.load(weights_only=False) would run that code); take the "
+                   "checkpoint from a source you trust, or re-save its tensors and args where it was written")
+
+
+def _check_rank_file(file: str, trust: bool, layout: CheckpointLayout) -> None:
+    """One more rank file, checked as cheaply as reading it allows: its zip directory and local headers,
+    its pickle (weights-only, tensors on the meta device) and every model tensor's bytes inside a record."""
+    from ..loaders.blocks import CorruptCheckpoint
+    from ..loaders.torch_io import UnsafeCheckpoint, check_archive, safe_load, tensor_infos
+
+    if not os.path.isfile(file):
+        layout.problems.append(Finding("rank-file-missing", f"{file} does not exist: this rank's weights are "
+                                       "missing", "copy the whole checkpoint again"))
+        return
+    try:
+        try:
+            state = safe_load(file, meta=True)
+        except UnsafeCheckpoint as exc:
+            if not trust:
+                layout.problems.append(_unsafe_finding(file, exc))
+            else:
+                check_archive(file)
+            return
+        if not isinstance(state, dict):
+            raise CorruptCheckpoint(f"{file} holds a {type(state).__name__}, not a Megatron checkpoint dict")
+        names = chunk_names(state)
+        if not names:
+            raise CorruptCheckpoint(f"{file} holds no 'model' or 'model0..' state dict")
+        if layout.vpp is not None and len(names) != layout.vpp:
+            layout.problems.append(Finding("vpp-mismatch", f"{file} holds {len(names)} model chunk(s) where the "
+                                           f"first rank file holds {layout.vpp}: the files come from different saves"))
+        for name in names:
+            if isinstance(state[name], dict):
+                for _ in tensor_infos(state[name], file):
+                    pass
+    except CorruptCheckpoint as exc:
+        layout.problems.append(Finding("corrupt", str(exc), "copy this file again from where the checkpoint was "
+                                       "saved"))
+
+
 def _load_state(file: str, trust: bool, layout: CheckpointLayout) -> dict[str, Any] | None:
     """The rank file's top-level dict, its tensors never read (None, with a note, when unreadable)."""
     from ..loaders.blocks import CorruptCheckpoint
@@ -110,15 +157,7 @@ def _load_state(file: str, trust: bool, layout: CheckpointLayout) -> dict[str, A
         state = safe_load(file, meta=True)
     except UnsafeCheckpoint as exc:
         if not trust:
-            # an error, not a note: the launch would unpickle this file (Megatron loads with weights_only=False),
-            # and what it needs cannot be told from data; the remedy never suggests running it
-            found = re.search(r"refusing to unpickle (.+?), which", str(exc))
-            layout.problems.append(Finding(
-                "unsafe-checkpoint", f"{file} cannot be read safely: unpickling it needs "
-                f"{found.group(1) if found else 'a global'}, which is neither a plain container, a tensor nor a "
-                "Megatron class, so its args and layout were not checked (nothing from the file was executed)",
-                "do not load it (Megatron's torch.load(weights_only=False) would run that code); take the "
-                "checkpoint from a source you trust, or re-save its tensors and args where it was written"))
+            layout.problems.append(_unsafe_finding(file, exc))
             return None
         try:
             state = _full_load(file)
@@ -188,10 +227,15 @@ def probe_checkpoint(path: str, trust: bool = False) -> CheckpointLayout:
                                        "distributed-checkpoint metadata"))
         return layout
     layout.format = "torch"
-    first = sorted(e for _, e in ranks)[0]
+    first, *others = sorted(e for _, e in ranks)
     rank_file = os.path.join(directory, first, RANK_FILE)
     if os.path.exists(rank_file):
         _read_rank_file(rank_file, trust, layout)
+    else:
+        layout.problems.append(Finding("rank-file-missing", f"{rank_file} does not exist: this rank's weights are "
+                                       "missing", "copy the whole checkpoint again"))
+    for other in others:  # a truncated or garbage mp_rank_01 fails the launch as surely as rank 0's
+        _check_rank_file(os.path.join(directory, other, RANK_FILE), trust, layout)
     widths = {sum(g is not None for g in m) for m, _ in ranks}
     if len(widths) > 1:
         layout.problems.append(Finding("mixed-rank-folders", f"{directory} mixes mp_rank_* folder shapes "

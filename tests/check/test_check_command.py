@@ -459,3 +459,43 @@ def test_megatron_args_with_the_two_word_spec_and_multi_valued_flags(tmp_path, c
     assert f"--fp16: config.json says the model is bfloat16 (torch_dtype/dtype); use --bf16 ({tmp_path})" in out
     assert f"--spec qwen2: config.json describes a qwen3 model; use --spec qwen3 ({tmp_path})" in out
     assert "2 error(s)" in out
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "missing"])
+def test_every_rank_file_is_checked_and_a_corrupt_one_is_named(tmp_path, capsys, damage):
+    # issue 13 item 10: only rank 0's file was read, so a broken mp_rank_01 passed as "OK: no errors"
+    ckpt = make_checkpoint(tmp_path / damage, tp=2, pp=2)
+    assert run(capsys, "--world-size", 4, "--tp", 2, "--pp", 2, "--load", ckpt)[0] == 0
+    bad = ckpt / "iter_0000100" / "mp_rank_01_001" / "model_optim_rng.pt"
+    data = bad.read_bytes()
+    if damage == "truncated":
+        bad.write_bytes(data[: len(data) - 100])
+    elif damage == "garbage":
+        bad.write_bytes(bytes(range(256)) * (len(data) // 256))
+    else:
+        bad.unlink()
+    code, out = run(capsys, "--world-size", 4, "--tp", 2, "--pp", 2, "--load", ckpt)
+    assert code == 1 and "1 error(s)" in out
+    expected = {
+        "truncated": f"{bad} ({len(data) - 100} bytes): the zip directory cannot be read (File is not a zip file); "
+                     "the file is truncated or damaged; copy this file again",
+        "garbage": f"{bad} ({len(data) // 256 * 256} bytes) is not a torch checkpoint: it is neither a zip archive "
+                   "(torch >= 1.6) nor a legacy torch pickle",
+        "missing": f"{bad} does not exist: this rank's weights are missing; copy the whole checkpoint again",
+    }[damage]
+    assert expected in out
+
+
+def test_a_record_cut_short_inside_the_archive_is_named(tmp_path, capsys):
+    ckpt = make_checkpoint(tmp_path / "c", tp=2)
+    bad = ckpt / "iter_0000100" / "mp_rank_01" / "model_optim_rng.pt"
+    import zipfile
+
+    with zipfile.ZipFile(bad) as zf:
+        info = zf.getinfo("model_optim_rng/byteorder")
+    data = bytearray(bad.read_bytes())
+    data[info.header_offset: info.header_offset + 4] = b"XXXX"  # the local header's signature
+    bad.write_bytes(bytes(data))
+    code, out = run(capsys, "--world-size", 2, "--tp", 2, "--load", ckpt)
+    assert code == 1
+    assert f"{bad}: record model_optim_rng/byteorder has no local header at byte {info.header_offset}" in out
