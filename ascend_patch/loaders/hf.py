@@ -60,7 +60,7 @@ def hf_weight_files(path: str) -> tuple[dict[str, TensorInfo], list[Finding], st
         weight_map = index.get("weight_map") if isinstance(index, dict) else None
         if not isinstance(weight_map, dict):
             raise CorruptCheckpoint(f"{index_path} has no weight_map object")
-        files = sorted(set(weight_map.values()))
+        files = _index_files(index_path, weight_map)
     else:
         weight_map = None
         files = [os.path.basename(p) for p in sorted(glob.glob(os.path.join(path, "*.safetensors")))]
@@ -93,6 +93,32 @@ def hf_weight_files(path: str) -> tuple[dict[str, TensorInfo], list[Finding], st
             problems.append(Finding("index-mismatch", f"{os.path.basename(index_path)} lists {len(absent)} tensor(s) "
                                     f"its shards do not hold: {', '.join(absent[:5])}", "re-download the checkpoint"))
     return tensors, problems, index_path or ""
+
+
+def _index_files(index_path: str, weight_map: dict[Any, Any]) -> list[str]:
+    """The files an index names, each a relative path inside its directory of the index's own kind.
+
+    A name that leaves the directory (``../other/x.safetensors``, ``/abs/x``) would make the
+    converter read another checkpoint's weights as this one's; a ``.bin`` or ``.json`` in a
+    safetensors index would be read with the wrong reader. Both are refused by name.
+    """
+    kind = ".safetensors" if index_path.endswith("model.safetensors.index.json") else ".bin"
+    index = os.path.basename(index_path)
+    bad = [(k, v) for k, v in weight_map.items() if not isinstance(k, str) or not isinstance(v, str) or not v]
+    if bad:
+        raise CorruptCheckpoint(f"{index_path}: weight_map entries must map tensor names to file names; "
+                                f"{len(bad)} do not (first: {bad[0][0]!r}: {bad[0][1]!r})")
+    files = sorted(set(weight_map.values()))
+    for name in files:
+        parts = name.replace("\\", "/").split("/")
+        if os.path.isabs(name) or name.startswith(("/", "\\")) or ".." in parts or "" in parts or "\0" in name:
+            raise CorruptCheckpoint(f"{index_path} points outside its checkpoint directory ({name!r}); every file "
+                                    f"of a checkpoint lies in {os.path.dirname(index_path)}: fix or re-download "
+                                    f"{index}")
+        if not name.endswith(kind):
+            raise CorruptCheckpoint(f"{index_path} lists {name!r}, which is not a {kind} file: {index} names "
+                                    f"only {kind} shards; fix or re-download it")
+    return files
 
 
 class HFLoader(CheckpointLoader):
