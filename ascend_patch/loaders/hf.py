@@ -51,21 +51,29 @@ def hf_weight_files(path: str) -> tuple[dict[str, TensorInfo], list[Finding], st
 
     problems: list[Finding] = []
     index_path = None
-    for name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
-        if os.path.isfile(os.path.join(path, name)):
-            index_path = os.path.join(path, name)
-            break
-    if index_path:
+    chosen = transformers_weights_file(path)
+    if chosen is not None and chosen.endswith(".index.json"):
+        index_path = os.path.join(path, chosen)
         index = _read_json(index_path)
         weight_map = index.get("weight_map") if isinstance(index, dict) else None
         if not isinstance(weight_map, dict):
             raise CorruptCheckpoint(f"{index_path} has no weight_map object")
         files = _index_files(index_path, weight_map)
-    else:
+    elif chosen is not None:
+        weight_map, files = None, [chosen]
+    else:  # shards without an index: transformers would not load them, the converter reads them all
         weight_map = None
         files = [os.path.basename(p) for p in sorted(glob.glob(os.path.join(path, "*.safetensors")))]
-        if not files and os.path.isfile(os.path.join(path, "pytorch_model.bin")):
-            files = ["pytorch_model.bin"]
+    if chosen is not None:
+        # weights of the same format that transformers skips (pytorch_model.bin beside model.safetensors is the
+        # common hub layout holding the same weights twice, and is left alone)
+        same = (".safetensors", ".safetensors.index.json") if ".safetensors" in chosen else (".bin", ".bin.index.json")
+        ignored = sorted(e for e in os.listdir(path) if e != chosen and e not in files and e.endswith(same))
+        if ignored:
+            problems.append(Finding("stale-weights", f"{path} holds {', '.join(ignored[:4])}"
+                                    f"{' ...' if len(ignored) > 4 else ''} besides {chosen}, which transformers "
+                                    "loads: they are not part of the checkpoint", "remove them, or convert into an "
+                                    "empty directory"))
     if not files:
         found = ", ".join(sorted(os.listdir(path))[:10]) or "nothing"
         raise CorruptCheckpoint(f"{path} holds no model.safetensors, *.safetensors shards or pytorch_model.bin "
@@ -95,14 +103,40 @@ def hf_weight_files(path: str) -> tuple[dict[str, TensorInfo], list[Finding], st
     return tensors, problems, index_path or ""
 
 
-def _index_files(index_path: str, weight_map: dict[Any, Any]) -> list[str]:
+# transformers' order (modeling_utils._get_resolved_checkpoint_files, 4.x to 5.x): a single file beats an index
+_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                 "pytorch_model.bin.index.json")
+
+
+def transformers_weights_file(path: str) -> str | None:
+    """The weights file ``from_pretrained`` reads in ``path`` (a file name in it), or None when there is none.
+
+    config.json's ``transformers_weights`` names it explicitly (confined to the directory);
+    otherwise the first of model.safetensors, its index, pytorch_model.bin, its index.
+    """
+    config_path = os.path.join(path, "config.json")
+    if os.path.isfile(config_path):
+        config = _read_json(config_path)
+        explicit = config.get("transformers_weights") if isinstance(config, dict) else None
+        if explicit is not None:
+            _index_files(config_path, {"transformers_weights": explicit},
+                         kind=(".safetensors.index.json", ".safetensors"))
+            if not os.path.isfile(os.path.join(path, explicit)):
+                raise CorruptCheckpoint(f"{config_path} names transformers_weights {explicit!r}, which is not in "
+                                        f"{path}")
+            return explicit
+    return next((name for name in _WEIGHT_FILES if os.path.isfile(os.path.join(path, name))), None)
+
+
+def _index_files(index_path: str, weight_map: dict[Any, Any], kind: str | tuple[str, ...] | None = None) -> list[str]:
     """The files an index names, each a relative path inside its directory of the index's own kind.
 
     A name that leaves the directory (``../other/x.safetensors``, ``/abs/x``) would make the
     converter read another checkpoint's weights as this one's; a ``.bin`` or ``.json`` in a
     safetensors index would be read with the wrong reader. Both are refused by name.
     """
-    kind = ".safetensors" if index_path.endswith("model.safetensors.index.json") else ".bin"
+    if kind is None:
+        kind = ".safetensors" if index_path.endswith(".safetensors.index.json") else ".bin"
     index = os.path.basename(index_path)
     bad = [(k, v) for k, v in weight_map.items() if not isinstance(k, str) or not isinstance(v, str) or not v]
     if bad:
@@ -116,8 +150,9 @@ def _index_files(index_path: str, weight_map: dict[Any, Any]) -> list[str]:
                                     f"of a checkpoint lies in {os.path.dirname(index_path)}: fix or re-download "
                                     f"{index}")
         if not name.endswith(kind):
-            raise CorruptCheckpoint(f"{index_path} lists {name!r}, which is not a {kind} file: {index} names "
-                                    f"only {kind} shards; fix or re-download it")
+            what = kind if isinstance(kind, str) else " or ".join(kind)
+            raise CorruptCheckpoint(f"{index_path} lists {name!r}, which is not a {what} file: {index} names "
+                                    f"only {what} shards; fix or re-download it")
     return files
 
 
