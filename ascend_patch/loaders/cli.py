@@ -130,6 +130,11 @@ def run_convert(args: argparse.Namespace) -> int:
     except (AscendPatchError, ValueError) as exc:
         print(f"ascend-patch convert: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # the file system said no (preflight catches the known cases first): exit 1 means
+        # a failed verification, so this is a refusal too, and the staging directory is already gone
+        print(f"ascend-patch convert: {exc.strerror or exc}{f': {exc.filename}' if exc.filename else ''}; "
+              "the partial output was removed", file=sys.stderr)
+        return 2
     print(result.summary())
     if result.verify is not None and not result.verify.ok:
         return 1
@@ -163,7 +168,7 @@ def run_verify(args: argparse.Namespace) -> int:
                         options=ConvertOptions(model_type_hf=args.model_type_hf,
                                                true_vocab_size=args.true_vocab_size),
                         check_keys=not args.no_keys)
-    except (AscendPatchError, ValueError) as exc:
+    except (AscendPatchError, ValueError, OSError) as exc:
         print(f"ascend-patch verify: {exc}", file=sys.stderr)
         return 2
     print(report.summary())

@@ -303,7 +303,11 @@ def _publish(staging: str, save_dir: str, plan: TargetPlan) -> list[str]:
     if not _exchange(staging, save_dir):
         aside = f"{staging}-old"
         os.rename(save_dir, aside)
-        os.rename(staging, save_dir)
+        try:
+            os.rename(staging, save_dir)
+        except OSError:
+            os.rename(aside, save_dir)  # the old checkpoint stays where it was
+            raise
         staging = aside
     shutil.rmtree(staging, ignore_errors=True)  # the old directory
     return kept

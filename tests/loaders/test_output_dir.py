@@ -68,3 +68,76 @@ def test_verify_reads_the_file_transformers_loads(tmp_path, capsys):
     assert "verify FAILED" in text
     assert f"{out} holds model-00001-of-" in text and "besides model.safetensors, which transformers loads" in text
     assert "tensor(s) differ from the source" in text  # it compared model.safetensors, not the shards
+
+
+def _refusal(tmp_path, capsys, save_dir, *extra):
+    """Convert the session's tiny model into ``save_dir``: the exit code and stderr."""
+    src = tmp_path / "src"
+    if not src.exists():
+        save_model(make_model("qwen2"), str(src))
+    code = main(["convert", "--load-dir", str(src), "--save-dir", str(save_dir), "--no-progress", *extra])
+    return code, capsys.readouterr().err
+
+
+def test_destinations_that_would_fail_after_the_work_are_refused_first(tmp_path, capsys, monkeypatch):
+    # issue 13 item 11: each of these ended in a traceback after the whole conversion, with exit 1
+    # (which the docs reserve for a failed verification)
+    import ascend_patch.loaders.engine as engine
+
+    calls = []
+    monkeypatch.setattr(engine, "_write_all", lambda *a, **k: calls.append(a) or 0)  # no work may start
+    real = tmp_path / "real"
+    real.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    code, err = _refusal(tmp_path, capsys, link)
+    assert code == 2 and (f"--save-dir {link} is a symbolic link (to {real}): the output directory is moved into "
+                          f"place, which would replace the link, not fill its target; give the real path, "
+                          f"--save-dir {real}") in err
+    regular = tmp_path / "file.txt"
+    regular.write_text("x")
+    code, err = _refusal(tmp_path, capsys, regular / "sub" / "out")
+    assert code == 2 and f"--save-dir {regular}/sub/out is below {regular}, which is a regular file" in err
+    if os.path.ismount("/dev/shm"):
+        code, err = _refusal(tmp_path, capsys, "/dev/shm", "--force")
+        assert code == 2 and ("--save-dir /dev/shm is a mount point: the output is assembled beside it and moved "
+                              "into place, which cannot cross file systems; write into a directory inside it, e.g. "
+                              "--save-dir /dev/shm/ckpt") in err
+    if os.path.ismount("/sys"):
+        code, err = _refusal(tmp_path, capsys, "/sys/ascend_patch_out")  # sysfs refuses new entries, even to root
+        assert code == 2 and "--save-dir /sys/ascend_patch_out: cannot create directories in /sys (" in err
+    # a read-only file system (a container cannot mount one for the test: statvfs says so here)
+    target = tmp_path / "ro"
+    target.mkdir()
+    statvfs = os.statvfs
+    monkeypatch.setattr(os, "statvfs", lambda p: type("S", (), {"f_flag": os.ST_RDONLY})() if str(p) == str(target)
+                        else statvfs(p))
+    code, err = _refusal(tmp_path, capsys, target / "out")
+    assert code == 2 and (f"--save-dir {target}/out: {target} is on a read-only file system; choose a --save-dir "
+                          "on a writable file system") in err
+    assert calls == [] and "Traceback" not in err
+    assert not [e for e in os.listdir(tmp_path) if e.startswith(".ascend_patch")]
+
+
+def test_force_never_replaces_a_directory_holding_the_source(tmp_path, capsys):
+    outer = tmp_path / "outer"
+    save_model(make_model("qwen2"), str(outer / "src"))
+    code = main(["convert", "--load-dir", str(outer / "src"), "--save-dir", str(outer), "--force", "--no-progress"])
+    assert code == 2
+    assert (f"--load-dir {outer}/src is inside --save-dir {outer}, which --force replaces"
+            in capsys.readouterr().err)
+    assert os.path.isfile(outer / "src" / "model.safetensors")
+
+
+def test_a_file_system_error_while_writing_is_a_refusal_not_a_traceback(tmp_path, capsys, monkeypatch):
+    import ascend_patch.loaders.engine as engine
+
+    def fail(*args, **kwargs):
+        raise OSError(28, "No space left on device", str(tmp_path / "out"))
+
+    monkeypatch.setattr(engine, "_write_all", fail)
+    code, err = _refusal(tmp_path, capsys, tmp_path / "out")
+    assert code == 2
+    assert err.strip().splitlines()[-1] == (f"ascend-patch convert: No space left on device: {tmp_path}/out; the partial output was "
+                           "removed")
+    assert sorted(os.listdir(tmp_path)) == ["src"]
