@@ -194,7 +194,8 @@ def check_query_groups(num_query_groups: int, tp: int, num_attention_heads: int 
         valid = sorted(set(valid + upper))
         rule = "TP must divide the query groups, or be a multiple of them (each KV head replicated)"
     else:
-        rule = "here TP must divide the query groups (KV heads cannot be replicated)"
+        rule = ("ascend-patch convert writes each rank's own KV heads and cannot replicate them, so TP must "
+                "divide the query groups")
     raise ParallelConfigError(
         f"{num_query_groups} query groups (KV heads) do not fit {tp} tensor-parallel ranks: {rule}",
         "query-groups", f"use {flags.tp} {format_choices(valid, near=tp)}")

@@ -40,7 +40,7 @@ def test_heads_groups_and_mlp_vs_tensor_parallel():
                                 "--target-tensor-parallel-size 1, 2, 3, 4, 6 or 12; sizes that fit the heads, "
                                 "query groups and FFN together: 1, 2 or 4")
     (mqa,) = check_tensor_split(heads=8, groups=1, ffn=64, tp=2)
-    assert mqa.code == "groups-vs-tp" and "KV heads cannot be replicated" in str(mqa)
+    assert mqa.code == "groups-vs-tp" and "writes each rank's own KV heads and cannot replicate them" in str(mqa)
     assert str(mqa).endswith("together: 1")
     (ffn,) = check_tensor_split(heads=8, groups=8, ffn=100, tp=8)
     assert ffn.code == "ffn-vs-tp" and "FFN hidden size 100 cannot be split over 8" in str(ffn)

@@ -155,7 +155,7 @@ def test_heads_query_groups_ffn_experts():
     msg = _message(check_query_groups, 4, 3, num_attention_heads=12)
     assert "4 query groups (KV heads) do not fit 3 tensor-parallel ranks" in msg and "1, 2 or 4" in msg
     msg = _message(check_query_groups, 2, 8, num_attention_heads=16, allow_replication=False)
-    assert "cannot be replicated" in msg and "use --tensor-model-parallel-size 1 or 2" in msg
+    assert "cannot replicate them" in msg and "use --tensor-model-parallel-size 1 or 2" in msg
     assert "16 attention heads cannot form 3 query groups" in _message(check_query_groups, 3, 1, 16)
     assert "FFN hidden size 11008 cannot be split over 3 tensor-parallel ranks" in _message(
         check_ffn_hidden_size, 11008, 3)
