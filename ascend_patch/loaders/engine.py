@@ -269,7 +269,7 @@ def _open_writer(target: TargetFile, path: str, options: ConvertOptions, page_of
     if target.format == "torch":
         from .torch_zip import TorchZipWriter
 
-        return TorchZipWriter(path, target.skeleton, crc=bool(options.extra.get("zip_crc")), page_offsets=page_offsets)
+        return TorchZipWriter(path, target.skeleton, crc=bool(options.extra.get("zip_crc", True)), page_offsets=page_offsets)
     raise ValueError(f"{target.relpath}: unknown output file format {target.format!r} (safetensors or torch)")
 
 
