@@ -39,7 +39,7 @@ def _read_json(path: str) -> Any:
     try:
         with open(path, encoding="utf-8") as f:
             return json.load(f)
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CorruptCheckpoint(f"{path} is not valid JSON: {exc}") from None
 
 
@@ -143,6 +143,9 @@ def _index_files(index_path: str, weight_map: dict[Any, Any], kind: str | tuple[
         raise CorruptCheckpoint(f"{index_path}: weight_map entries must map tensor names to file names; "
                                 f"{len(bad)} do not (first: {bad[0][0]!r}: {bad[0][1]!r})")
     files = sorted(set(weight_map.values()))
+    if not files:
+        raise CorruptCheckpoint(f"{index_path} maps no tensors to files (an empty weight_map): fix or re-download "
+                                f"{index}")
     for name in files:
         parts = name.replace("\\", "/").split("/")
         if os.path.isabs(name) or name.startswith(("/", "\\")) or ".." in parts or "" in parts or "\0" in name:
