@@ -3,7 +3,8 @@
 Safetensors shards, the HF index and Megatron rank files (torch zip archives) are damaged
 in a few hundred seeded ways, each converted through the command line. Every case must end
 in a clear refusal — exit 2, the damaged file named, nothing left in or beside --save-dir —
-or in a result that ``ascend-patch verify`` confirms against the (damaged) source. A
+or in a result that ``ascend-patch verify`` confirms against the (damaged) source; ``ascend-patch
+check --load`` on each damaged Megatron checkpoint must answer (exit 0 or 1) without a traceback. A
 traceback, another exit code, an unnamed file or a leftover is a failure; all are collected
 and reported together with the case that caused them.
 """
@@ -169,6 +170,14 @@ def _run_case(workdir: str, src: str, loader: str, saver: str, rel: str, data: b
     out = os.path.join(workdir, "out")
     _copy_with(src, damaged, rel, data)
     try:
+        if loader == "mg":  # check --load reads every rank file's directory, headers and pickle
+            try:
+                code = main(["check", "--world-size", "2", "--tp", "2", "--load", damaged])
+            except BaseException as exc:  # noqa: BLE001
+                return "failed", f"check raised {type(exc).__name__}: {exc}"
+            text = capsys.readouterr().out
+            if code not in (0, 1) or (code == 1 and "error(s)" not in text):
+                return "failed", f"check exit {code}: {text.strip()[-300:]}"
         try:
             code = main(["convert", "--loader", loader, "--saver", saver, "--load-dir", damaged, "--save-dir", out,
                          "--no-progress", "--target-tensor-parallel-size", "2" if saver == "mg" else "1"])
