@@ -300,6 +300,7 @@ def _publish(staging: str, save_dir: str, plan: TargetPlan) -> list[str]:
             continue
         _link_tree(os.path.join(save_dir, entry), os.path.join(staging, entry))
         kept.append(entry)
+    os.chmod(staging, os.stat(save_dir).st_mode & 0o7777)  # the directory keeps its permissions
     if not _exchange(staging, save_dir):
         aside = f"{staging}-old"
         os.rename(save_dir, aside)

@@ -325,6 +325,7 @@ class HFSaver(CheckpointSaver):
         cfg = source.config
         if source.hf_config:
             config = dict(source.hf_config)
+            config.pop("transformers_weights", None)  # names the source's weights file, not the one written here
             if "torch_dtype" in config and "dtype" not in config:
                 config["torch_dtype"] = dtype
             else:

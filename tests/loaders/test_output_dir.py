@@ -141,3 +141,26 @@ def test_a_file_system_error_while_writing_is_a_refusal_not_a_traceback(tmp_path
     assert err.strip().splitlines()[-1] == (f"ascend-patch convert: No space left on device: {tmp_path}/out; the partial output was "
                            "removed")
     assert sorted(os.listdir(tmp_path)) == ["src"]
+
+
+def test_a_config_naming_its_weights_file_is_read_by_that_name_and_not_copied(tmp_path, capsys):
+    # transformers 5 reads config.json's transformers_weights first; the converter must read the same file,
+    # and must not copy the name into an output whose weights file is another
+    src = save_model(make_model("llama", seed=3), str(tmp_path / "src"), max_shard_size="60KB")
+    stale = save_model(make_model("llama", seed=4), str(tmp_path / "stale"))
+    os.link(os.path.join(stale, "model.safetensors"), os.path.join(src, "model.safetensors"))
+    config = json.loads(open(os.path.join(src, "config.json")).read())
+    config["transformers_weights"] = "model.safetensors.index.json"
+    with open(os.path.join(src, "config.json"), "w") as f:
+        json.dump(config, f)
+    out = tmp_path / "out"
+    assert main(["convert", "--loader", "hf", "--saver", "hf", "--load-dir", src, "--save-dir", str(out),
+                 "--no-progress"]) == 2  # model.safetensors is beside the named index: stale, refused
+    assert "besides model.safetensors.index.json, which transformers loads" in capsys.readouterr().err
+    os.unlink(os.path.join(src, "model.safetensors"))
+    assert main(["convert", "--loader", "hf", "--saver", "hf", "--load-dir", src, "--save-dir", str(out),
+                 "--no-progress", "--verify"]) == 0
+    assert "verify OK" in capsys.readouterr().out
+    assert "transformers_weights" not in json.loads((out / "config.json").read_text())
+    got, want = _from_pretrained_state(str(out)), hf_state(src)
+    assert all(torch.equal(got[k], want[k]) for k in want)
