@@ -115,7 +115,7 @@ def _check_rank_file(file: str, trust: bool, layout: CheckpointLayout) -> None:
     """One more rank file, checked as cheaply as reading it allows: its zip directory and local headers,
     its pickle (weights-only, tensors on the meta device) and every model tensor's bytes inside a record."""
     from ..loaders.blocks import CorruptCheckpoint
-    from ..loaders.torch_io import UnsafeCheckpoint, check_archive, safe_load, tensor_infos
+    from ..loaders.torch_io import UnsafeCheckpoint, check_archive, safe_load
 
     if not os.path.isfile(file):
         layout.problems.append(Finding("rank-file-missing", f"{file} does not exist: this rank's weights are "
@@ -138,9 +138,22 @@ def _check_rank_file(file: str, trust: bool, layout: CheckpointLayout) -> None:
         if layout.vpp is not None and len(names) != layout.vpp:
             layout.problems.append(Finding("vpp-mismatch", f"{file} holds {len(names)} model chunk(s) where the "
                                            f"first rank file holds {layout.vpp}: the files come from different saves"))
+        _check_tensor_records(file, state, names, layout)
+    except CorruptCheckpoint as exc:
+        layout.problems.append(Finding("corrupt", str(exc), "copy this file again from where the checkpoint was "
+                                       "saved"))
+
+
+def _check_tensor_records(file: str, state: dict[str, Any], names: list[str], layout: CheckpointLayout) -> None:
+    """Every model tensor's bytes lie inside one data record of the file (a damaged pickle points elsewhere)."""
+    from ..loaders.blocks import CorruptCheckpoint
+    from ..loaders.torch_io import tensor_infos
+
+    try:
         for name in names:
-            if isinstance(state[name], dict):
-                for _ in tensor_infos(state[name], file):
+            chunk = state.get(name)
+            if isinstance(chunk, dict):  # tensors on the meta device (not a --trust-checkpoint full load)
+                for _ in tensor_infos({k: v for k, v in chunk.items() if getattr(v, "is_meta", False)}, file):
                     pass
     except CorruptCheckpoint as exc:
         layout.problems.append(Finding("corrupt", str(exc), "copy this file again from where the checkpoint was "
@@ -179,6 +192,7 @@ def _read_rank_file(file: str, trust: bool, layout: CheckpointLayout) -> None:
     if state is None:
         return
     names = chunk_names(state)
+    _check_tensor_records(file, state, names, layout)
     if names and names != ["model"]:
         chunks = [chunk_index(n) for n in names]
         layout.vpp = len(chunks)

@@ -499,3 +499,22 @@ def test_a_record_cut_short_inside_the_archive_is_named(tmp_path, capsys):
     code, out = run(capsys, "--world-size", 2, "--tp", 2, "--load", ckpt)
     assert code == 1
     assert f"{bad}: record model_optim_rng/byteorder has no local header at byte {info.header_offset}" in out
+
+
+def test_a_tensor_outside_its_record_is_named_in_rank_0_too(tmp_path, capsys):
+    import struct
+    import zipfile
+
+    ckpt = make_checkpoint(tmp_path / "c")
+    bad = ckpt / "iter_0000100" / "mp_rank_00" / "model_optim_rng.pt"
+    data = bytearray(bad.read_bytes())
+    with zipfile.ZipFile(bad) as zf:
+        start = zf.start_dir
+    name = b"model_optim_rng/data/0"
+    entry = data.index(name, start) - 46  # its central directory entry: sizes at +20 and +24
+    assert struct.unpack_from("<II", data, entry + 20) == (8, 8)  # two float32 zeros
+    struct.pack_into("<II", data, entry + 20, 4, 4)
+    bad.write_bytes(bytes(data))
+    code, out = run(capsys, "--world-size", 1, "--load", ckpt)
+    assert code == 1
+    assert f"{bad}: tensor 'w' (float32[2]) needs bytes" in out and "which no data record of the archive holds" in out
