@@ -107,6 +107,7 @@ def _base_allowlist() -> list[Any]:
 
 
 _LOCAL_HEADER = struct.Struct("<IHHHHHIIIHH")
+_PICKLE_OPCODES = {ord(op.code) for op in __import__("pickletools").opcodes}
 _LEGACY_MAGIC = b"\x80\x02"  # torch < 1.6 wrote a bare protocol-2 pickle
 
 
@@ -193,7 +194,10 @@ def safe_load(path: str, *, meta: bool = True) -> Any:
         text = str(exc)
         # what a static read cannot see (a global pushed by other opcodes) is still refused by the unpickler
         named = _ANY_GLOBAL.search(text)
-        if named or "Unsupported operand" in text or "is blocked" in text:
+        operand = re.search(r"Unsupported operand (\d+)", text)
+        if operand and int(operand.group(1)) not in _PICKLE_OPCODES:  # not an opcode at all: damaged bytes
+            raise _corrupt(path, ValueError(f"byte {operand.group(1)} where the pickle needs an opcode")) from None
+        if named or operand or "is blocked" in text:
             raise _unsafe(path, (named.group(1) or named.group(2)) if named else "an object constructor") from None
         # whatever else the unpickler raises on these bytes (KeyError for a storage key the archive lacks,
         # TypeError for a rebuild given the wrong arguments, ...) is a file it cannot read, not a bug here

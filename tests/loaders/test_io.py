@@ -206,3 +206,17 @@ def test_conversions_refuse_corrupt_and_hostile_inputs(tmp_path):
         convert(mg, str(tmp_path / "out2"), "mg", "hf", ConvertOptions())
     assert not marker.exists()
     assert not os.path.exists(tmp_path / "out1") and not os.path.exists(tmp_path / "out2")
+
+
+def test_garbage_after_a_pickle_header_is_corrupt_not_hostile(tmp_path):
+    # issue 13 item 10: convert died with "KeyError: 213" on such a rank file; then it was called unsafe
+    path = str(tmp_path / "model_optim_rng.pt")
+    with open(path, "wb") as f:
+        f.write(b"\x80\x02" + bytes([213]) * 64)
+    with pytest.raises(CorruptCheckpoint, match=r"model_optim_rng\.pt \(66 bytes\) cannot be read as a torch "
+                                                r"checkpoint: byte 213 where the pickle needs an opcode"):
+        safe_load(path)
+    with open(path, "wb") as f:
+        f.write(b"GARBAGE!" * 8)
+    with pytest.raises(CorruptCheckpoint, match=r"is not a torch checkpoint: it is neither a zip archive"):
+        safe_load(path)
