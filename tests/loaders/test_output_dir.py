@@ -164,3 +164,35 @@ def test_a_config_naming_its_weights_file_is_read_by_that_name_and_not_copied(tm
     assert "transformers_weights" not in json.loads((out / "config.json").read_text())
     got, want = _from_pretrained_state(str(out)), hf_state(src)
     assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+def _can_mount_read_only() -> bool:
+    import shutil
+    import subprocess
+
+    if shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o ro none /mnt"], capture_output=True)
+    return probe.returncode == 0
+
+
+@pytest.mark.skipif(not _can_mount_read_only(), reason="needs unprivileged user and mount namespaces (unshare -rm)")
+def test_a_real_read_only_file_system_is_refused_before_any_work(tmp_path):
+    import shlex
+    import subprocess
+    import sys
+
+    from loaders_tiny import child_env
+
+    src = save_model(make_model("qwen2"), str(tmp_path / "src"))
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    convert = [sys.executable, "-m", "ascend_patch.cli", "convert", "--load-dir", src, "--save-dir",
+               str(ro / "out"), "--no-progress"]
+    script = f"mount -t tmpfs -o ro none {shlex.quote(str(ro))} && exec {shlex.join(convert)}"
+    proc = subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True,
+                          env=child_env(ASCEND_PATCH="0"))
+    assert proc.returncode == 2, proc.stderr
+    assert (f"--save-dir {ro}/out: {ro} is on a read-only file system; choose a --save-dir on a writable file "
+            "system") in proc.stderr
+    assert "Traceback" not in proc.stderr
