@@ -296,7 +296,7 @@ def _publish(staging: str, save_dir: str, plan: TargetPlan) -> list[str]:
         return []
     kept = []
     for entry in sorted(os.listdir(save_dir)):
-        if entry in plan.commit_files or entry in plan.side_files or is_checkpoint_entry(entry):
+        if entry in plan.commit_files or entry in plan.side_files or _is_checkpoint_entry(entry):
             continue
         _link_tree(os.path.join(save_dir, entry), os.path.join(staging, entry))
         kept.append(entry)
@@ -318,7 +318,7 @@ _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msg
                     ".index.json")
 
 
-def is_checkpoint_entry(name: str) -> bool:
+def _is_checkpoint_entry(name: str) -> bool:
     """Whether a directory entry is part of a checkpoint (weights, their index, config, Megatron's tracker and
     iteration folders) rather than something beside it (tokenizer, README)."""
     from .megatron_layout import TRACKER, iteration_of
