@@ -179,7 +179,13 @@ def check_output_dir(save_dir: str, force: bool, load_dir: str | None = None) ->
         problems.append(Finding("output-not-dir", f"--save-dir {save_dir} exists and is not a directory",
                                 "choose a directory path"))
     elif os.path.isdir(save):
-        if os.path.ismount(save):
+        cwd = os.path.realpath(os.getcwd())
+        if cwd == real or cwd.startswith(real + os.sep):
+            problems.append(Finding("output-is-cwd", f"--save-dir {save_dir} holds the current directory: the output "
+                                    "replaces that directory with a new one, which would leave this shell in a "
+                                    "deleted directory", "cd out of it first, or write into a new directory below "
+                                    "it"))
+        elif os.path.ismount(save):
             problems.append(Finding("output-mount-point", f"--save-dir {save_dir} is a mount point: the output is "
                                     "assembled beside it and moved into place, which cannot cross file systems",
                                     f"write into a directory inside it, e.g. --save-dir {os.path.join(save_dir, 'ckpt')}"))
@@ -205,6 +211,15 @@ def _check_writable_parent(save_dir: str, save: str) -> list[Finding]:
         return [Finding("output-below-file", f"--save-dir {save_dir} is below {ancestor}, which is a "
                         f"{'regular file' if os.path.isfile(ancestor) else 'not a directory'}",
                         "choose a directory path")]
+    try:
+        name_max = os.pathconf(ancestor, "PC_NAME_MAX")
+    except (OSError, ValueError, AttributeError):
+        name_max = 255
+    long = [p for p in os.path.relpath(save, ancestor).split(os.sep) if len(os.fsencode(p)) > name_max]
+    if long:
+        return [Finding("output-name-too-long", f"--save-dir {save_dir}: the name {long[0][:40]}... is "
+                        f"{len(os.fsencode(long[0]))} bytes; the file system allows {name_max}",
+                        "choose a shorter name")]
     try:
         read_only = bool(os.statvfs(ancestor).f_flag & os.ST_RDONLY)
     except (OSError, AttributeError):  # no statvfs (Windows): the probe below decides

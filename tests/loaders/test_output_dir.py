@@ -196,3 +196,17 @@ def test_a_real_read_only_file_system_is_refused_before_any_work(tmp_path):
     assert (f"--save-dir {ro}/out: {ro} is on a read-only file system; choose a --save-dir on a writable file "
             "system") in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_the_current_directory_and_an_overlong_name_are_refused_first(tmp_path, capsys, monkeypatch):
+    here = tmp_path / "here"
+    here.mkdir()
+    (here / "notes.txt").write_text("x")
+    monkeypatch.chdir(here)
+    code, err = _refusal(tmp_path, capsys, ".", "--force")
+    assert code == 2 and ("--save-dir . holds the current directory: the output replaces that directory with a new "
+                          "one, which would leave this shell in a deleted directory; cd out of it first") in err
+    assert sorted(os.listdir(here)) == ["notes.txt"]
+    name = "x" * 300
+    code, err = _refusal(tmp_path, capsys, tmp_path / name)
+    assert code == 2 and f"the name {'x' * 40}... is 300 bytes; the file system allows 255" in err
