@@ -7,7 +7,11 @@ Then, alternating and repeated: ``cp -r`` of the checkpoint, and ``ascend-patch 
 hf -> mg at TP1/PP1 and TP2/PP2 in a child process whose peak RSS is taken from wait4().
 Goals: throughput >= 0.5x the copy's, peak RSS <= 25% of the model's size.
 
-    PYTHONPATH=. python benchmarks/convert.py [--repeats 7] [--keep]
+    PYTHONPATH=. python benchmarks/convert.py [--repeats 7] [--keep] [--also=--no-zip-crc ...]
+
+``--also=FLAG`` adds a TP1/PP1 row converted with that flag, measured in the same
+alternating runs, so a setting's cost is a ratio within one run (the CRC-32 fields cost
+~1.7x in the streaming phase: compare the default row with ``--also=--no-zip-crc``).
 
 Everything lives in a temporary directory under /tmp, deleted at the end.
 """
