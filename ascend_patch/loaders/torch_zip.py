@@ -270,10 +270,10 @@ class TorchZipWriter:
         pos, crc = 0, 0
         for at, n, part in sorted(self._segments[sid]):
             if at != pos or _crc32_combine is None:
-                return _crc_of(self.fd, e.data_offset, e.size)  # a gap or overlap: the file is the truth
+                return _crc_of(self.fd, self.offsets[sid], e.size)  # a gap or overlap: the file is the truth
             crc = _crc32_combine(crc, part, n) if pos else part
             pos += n
-        return crc if pos == e.size else _crc_of(self.fd, e.data_offset, e.size)
+        return crc if pos == e.size else _crc_of(self.fd, self.offsets[sid], e.size)
 
     def close(self) -> None:
         if self.fd < 0:
