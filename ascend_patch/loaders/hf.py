@@ -14,6 +14,7 @@ import math
 import glob
 import json
 import os
+import re
 from collections import Counter
 from typing import Any
 
@@ -65,10 +66,13 @@ def hf_weight_files(path: str) -> tuple[dict[str, TensorInfo], list[Finding], st
         weight_map = None
         files = [os.path.basename(p) for p in sorted(glob.glob(os.path.join(path, "*.safetensors")))]
     if chosen is not None:
-        # weights of the same format that transformers skips (pytorch_model.bin beside model.safetensors is the
-        # common hub layout holding the same weights twice, and is left alone)
-        same = (".safetensors", ".safetensors.index.json") if ".safetensors" in chosen else (".bin", ".bin.index.json")
-        ignored = sorted(e for e in os.listdir(path) if e != chosen and e not in files and e.endswith(same))
+        # files named as transformers names its weights, of the chosen format, that it would skip: what an earlier
+        # save left (pytorch_model.bin beside model.safetensors is the hub's common "same weights twice" layout,
+        # and other names -- Mistral's consolidated.safetensors, an adapter -- are not transformers' weights)
+        stem = "model" if ".safetensors" in chosen else "pytorch_model"
+        ext = ".safetensors" if stem == "model" else ".bin"
+        own = re.compile(rf"{stem}(-\d+-of-\d+)?{re.escape(ext)}(\.index\.json)?\Z")
+        ignored = sorted(e for e in os.listdir(path) if e != chosen and e not in files and own.match(e))
         if ignored:
             problems.append(Finding("stale-weights", f"{path} holds {', '.join(ignored[:4])}"
                                     f"{' ...' if len(ignored) > 4 else ''} besides {chosen}, which transformers "

@@ -210,3 +210,13 @@ def test_the_current_directory_and_an_overlong_name_are_refused_first(tmp_path, 
     name = "x" * 300
     code, err = _refusal(tmp_path, capsys, tmp_path / name)
     assert code == 2 and f"the name {'x' * 40}... is 300 bytes; the file system allows 255" in err
+
+
+def test_other_weight_names_beside_transformers_own_are_not_stale(tmp_path, capsys):
+    # Mistral's hub repos ship consolidated.safetensors beside model-0000K-of-0000N shards + index
+    src = save_model(make_model("llama", seed=5), str(tmp_path / "src"), max_shard_size="60KB")
+    stale = save_model(make_model("llama", seed=6), str(tmp_path / "stale"))
+    os.link(os.path.join(stale, "model.safetensors"), os.path.join(src, "consolidated.safetensors"))
+    assert main(["convert", "--loader", "hf", "--saver", "hf", "--load-dir", src, "--save-dir",
+                 str(tmp_path / "out"), "--no-progress", "--verify"]) == 0
+    assert "verify OK" in capsys.readouterr().out
