@@ -7,7 +7,11 @@ Then, alternating and repeated: ``cp -r`` of the checkpoint, and ``ascend-patch 
 hf -> mg at TP1/PP1 and TP2/PP2 in a child process whose peak RSS is taken from wait4().
 Goals: throughput >= 0.5x the copy's, peak RSS <= 25% of the model's size.
 
-    PYTHONPATH=. python benchmarks/convert.py [--repeats 7] [--keep]
+    PYTHONPATH=. python benchmarks/convert.py [--repeats 7] [--keep] [--also=--no-zip-crc ...]
+
+``--also=FLAG`` adds a TP1/PP1 row converted with that flag, measured in the same
+alternating runs, so a setting's cost is a ratio within one run (the CRC-32 fields cost
+~1.7x in the streaming phase: compare the default row with ``--also=--no-zip-crc``).
 
 Everything lives in a temporary directory under /tmp, deleted at the end.
 """
@@ -113,6 +117,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    parser.add_argument("--also", action="append", default=[], metavar="FLAG",
+                        help="add a TP1/PP1 row converted with this extra flag (repeatable), e.g. --also=--no-zip-crc")
     parser.add_argument("--generate-into", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.generate_into:
@@ -143,19 +149,21 @@ def main() -> int:
         floor_s, floor_rss, _ = timed([sys.executable, "-c", "import ascend_patch.cli, ascend_patch.loaders.engine, "
                                     "ascend_patch.loaders.hf, ascend_patch.loaders.megatron, safetensors, tqdm"], env)
         torch_s, torch_rss, _ = timed([sys.executable, "-c", "import torch"], env)
-        runs: dict[str, list[tuple[float, int, int, float | None]]] = {"cp -r": [], "hf->mg TP1/PP1": [], "hf->mg TP2/PP2": []}
-        layouts = {"hf->mg TP1/PP1": ("1", "1"), "hf->mg TP2/PP2": ("2", "2")}
+        layouts = {"hf->mg TP1/PP1": ("1", "1", []), "hf->mg TP2/PP2": ("2", "2", [])}
+        for flag in args.also:  # e.g. --also=--zip-crc: the same TP1/PP1 conversion with a flag, side by side
+            layouts[f"TP1/PP1 {flag}"] = ("1", "1", [flag])
+        runs: dict[str, list[tuple[float, int, int, float | None]]] = {"cp -r": [], **{k: [] for k in layouts}}
         for _ in range(args.repeats):
             for name in runs:
                 dst = os.path.join(root, "out")
                 if name == "cp -r":
                     cmd = ["cp", "-r", src, dst]
                 else:
-                    tp, pp = layouts[name]
+                    tp, pp, flags = layouts[name]
                     cmd = [sys.executable, "-m", "ascend_patch.cli", "convert", "--load-model-type", "hf",
                            "--save-model-type", "mg", "--model-type-hf", "qwen3", "--load-dir", src,
                            "--save-dir", dst, "--target-tensor-parallel-size", tp,
-                           "--target-pipeline-parallel-size", pp, "--no-progress"]
+                           "--target-pipeline-parallel-size", pp, "--no-progress", *flags]
                 os.sync()  # every run starts with no dirty pages left by the previous one (writeback would throttle it)
                 seconds, rss, stdout = timed(cmd, env)
                 written = _du(dst)
@@ -163,7 +171,7 @@ def main() -> int:
                 runs[name].append((seconds, rss, written, _write_phase(stdout)))
         print(f"\ninterpreter floor (python + the converter's imports, no torch): peak RSS {floor_rss / 1e6:.0f} MB, "
               f"{floor_s:.2f} s; for scale, `import torch` alone: {torch_rss / 1e6:.0f} MB, {torch_s:.2f} s")
-        print(f"{'run':<16} {'written GB':>10} {'best s':>7} {'x cp':>5} {'median s':>9} {'x cp':>5} "
+        print(f"{'run':<22} {'written GB':>10} {'best s':>7} {'x cp':>5} {'median s':>9} {'x cp':>5} "
               f"{'stream s':>9} {'x cp':>5} {'peak RSS MB':>12} {'RSS/model':>10}")
         cp_best = cp_median = None
         for name, samples in runs.items():
@@ -175,7 +183,7 @@ def main() -> int:
             stream = min(phases) if phases else best
             cp_best = cp_best or written / best
             cp_median = cp_median or written / median
-            print(f"{name:<16} {written / 1e9:>10.3f} {best:>7.2f} {written / best / cp_best:>5.2f} {median:>9.2f} "
+            print(f"{name:<22} {written / 1e9:>10.3f} {best:>7.2f} {written / best / cp_best:>5.2f} {median:>9.2f} "
                   f"{written / median / cp_median:>5.2f} {stream:>9.2f} {written / stream / cp_best:>5.2f} "
                   f"{rss / 1e6:>12.0f} {rss / model_bytes:>9.1%}")
         print("\n'x cp' is throughput (bytes written per second) over the copy's. 'best' and 'median' are over the "

@@ -121,10 +121,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     world.add_argument("--nnodes", type=int)
     world.add_argument("--nproc-per-node", "--nproc_per_node", type=int, dest="nproc_per_node")
     par = p.add_argument_group("parallel sizes (Megatron's flags)")
-    par.add_argument("--tensor-model-parallel-size", "--tp", type=int, default=1, dest="tp")
-    par.add_argument("--pipeline-model-parallel-size", "--pp", type=int, default=1, dest="pp")
-    par.add_argument("--context-parallel-size", "--cp", type=int, default=1, dest="cp")
-    par.add_argument("--expert-model-parallel-size", "--ep", type=int, default=1, dest="ep")
+    par.add_argument("--tensor-model-parallel-size", "--tp", type=int, default=None, dest="tp")
+    par.add_argument("--pipeline-model-parallel-size", "--pp", type=int, default=None, dest="pp")
+    par.add_argument("--context-parallel-size", "--cp", type=int, default=None, dest="cp")
+    par.add_argument("--expert-model-parallel-size", "--ep", type=int, default=None, dest="ep")
     par.add_argument("--expert-tensor-parallel-size", type=int, dest="etp")
     par.add_argument("--num-layer-list", help="layers per pipeline stage, e.g. 7,7,7,7")
     par.add_argument("--decoder-first-pipeline-num-layers", type=int, dest="first_stage_layers",
@@ -145,7 +145,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     mod.add_argument("--ffn-hidden-size", type=int)
     mod.add_argument("--num-experts", type=int)
     mod.add_argument("--megatron-args", metavar="'ARGS'",
-                     help="a Megatron command line (quoted) whose model flags are checked against --hf-config")
+                     help="a Megatron command line (quoted): its parallel sizes are the launch's (a different value "
+                     "given here too is an error), its model flags are checked against --hf-config or, without "
+                     "one, describe the model")
     ck = p.add_argument_group("checkpoint")
     ck.add_argument("--load", help="a Megatron checkpoint directory to be loaded")
     ck.add_argument("--trust-checkpoint", action="store_true",

@@ -10,8 +10,9 @@ on load and has no per-rank folders.
 (:func:`ascend_patch.loaders.torch_io.safe_load`: weights-only unpickling, tensors on the
 meta device, inert stand-ins for Megatron's own classes such as the ``AttnBackend`` enum
 in Megatron-LM's ``args``), so a process without Megatron reads real Megatron-LM
-checkpoints. A file that needs any other global is read only with ``trust=True`` (full
-unpickling runs the file's pickle code). The same file says whether it was saved with
+checkpoints. A file that needs any other global is an error (``unsafe-checkpoint``): it is
+read only with ``trust=True`` (full unpickling runs the file's pickle code), which no
+message suggests. The same file says whether it was saved with
 virtual pipeline stages: ``model0``, ``model1``, ... (one per chunk) instead of ``model``.
 """
 
@@ -99,6 +100,66 @@ def _full_load(file: str) -> Any:
         return torch.load(file, map_location="cpu", weights_only=False)  # legacy (non-zip) file
 
 
+def _unsafe_finding(file: str, exc: Exception) -> Finding:
+    # an error, not a note: the launch would unpickle this file (Megatron loads with weights_only=False),
+    # and what it needs cannot be told from data; the remedy never suggests running it
+    found = re.search(r"refusing to unpickle (.+?), which", str(exc))
+    return Finding("unsafe-checkpoint", f"{file} cannot be read safely: unpickling it needs "
+                   f"{found.group(1) if found else 'a global'}, which is neither a plain container, a tensor nor a "
+                   "Megatron class, so its args and layout were not checked (nothing from the file was executed)",
+                   "do not load it (Megatron's torch.load(weights_only=False) would run that code); take the "
+                   "checkpoint from a source you trust, or re-save its tensors and args where it was written")
+
+
+def _check_rank_file(file: str, trust: bool, layout: CheckpointLayout) -> None:
+    """One more rank file, checked as cheaply as reading it allows: its zip directory and local headers,
+    its pickle (weights-only, tensors on the meta device) and every model tensor's bytes inside a record."""
+    from ..loaders.blocks import CorruptCheckpoint
+    from ..loaders.torch_io import UnsafeCheckpoint, check_archive, safe_load
+
+    if not os.path.isfile(file):
+        layout.problems.append(Finding("rank-file-missing", f"{file} does not exist: this rank's weights are "
+                                       "missing", "copy the whole checkpoint again"))
+        return
+    try:
+        try:
+            state = safe_load(file, meta=True)
+        except UnsafeCheckpoint as exc:
+            if not trust:
+                layout.problems.append(_unsafe_finding(file, exc))
+            else:
+                check_archive(file)
+            return
+        if not isinstance(state, dict):
+            raise CorruptCheckpoint(f"{file} holds a {type(state).__name__}, not a Megatron checkpoint dict")
+        names = chunk_names(state)
+        if not names:
+            raise CorruptCheckpoint(f"{file} holds no 'model' or 'model0..' state dict")
+        if layout.vpp is not None and len(names) != layout.vpp:
+            layout.problems.append(Finding("vpp-mismatch", f"{file} holds {len(names)} model chunk(s) where the "
+                                           f"first rank file holds {layout.vpp}: the files come from different saves"))
+        _check_tensor_records(file, state, names, layout)
+    except CorruptCheckpoint as exc:
+        layout.problems.append(Finding("corrupt", str(exc), "copy this file again from where the checkpoint was "
+                                       "saved"))
+
+
+def _check_tensor_records(file: str, state: dict[str, Any], names: list[str], layout: CheckpointLayout) -> None:
+    """Every model tensor's bytes lie inside one data record of the file (a damaged pickle points elsewhere)."""
+    from ..loaders.blocks import CorruptCheckpoint
+    from ..loaders.torch_io import tensor_infos
+
+    try:
+        for name in names:
+            chunk = state.get(name)
+            if isinstance(chunk, dict):  # tensors on the meta device (not a --trust-checkpoint full load)
+                for _ in tensor_infos({k: v for k, v in chunk.items() if getattr(v, "is_meta", False)}, file):
+                    pass
+    except CorruptCheckpoint as exc:
+        layout.problems.append(Finding("corrupt", str(exc), "copy this file again from where the checkpoint was "
+                                       "saved"))
+
+
 def _load_state(file: str, trust: bool, layout: CheckpointLayout) -> dict[str, Any] | None:
     """The rank file's top-level dict, its tensors never read (None, with a note, when unreadable)."""
     from ..loaders.blocks import CorruptCheckpoint
@@ -109,10 +170,7 @@ def _load_state(file: str, trust: bool, layout: CheckpointLayout) -> dict[str, A
         state = safe_load(file, meta=True)
     except UnsafeCheckpoint as exc:
         if not trust:
-            found = re.search(r"refusing to unpickle (.+?), which", str(exc))
-            layout.notes.append(f"args not read from {name}: unpickling it needs {found.group(1) if found else 'a global'}"
-                                f", which is neither a plain container nor a Megatron class; pass --trust-checkpoint "
-                                "to read it with full unpickling (that runs the file's code)")
+            layout.problems.append(_unsafe_finding(file, exc))
             return None
         try:
             state = _full_load(file)
@@ -134,6 +192,7 @@ def _read_rank_file(file: str, trust: bool, layout: CheckpointLayout) -> None:
     if state is None:
         return
     names = chunk_names(state)
+    _check_tensor_records(file, state, names, layout)
     if names and names != ["model"]:
         chunks = [chunk_index(n) for n in names]
         layout.vpp = len(chunks)
@@ -182,10 +241,15 @@ def probe_checkpoint(path: str, trust: bool = False) -> CheckpointLayout:
                                        "distributed-checkpoint metadata"))
         return layout
     layout.format = "torch"
-    first = sorted(e for _, e in ranks)[0]
+    first, *others = sorted(e for _, e in ranks)
     rank_file = os.path.join(directory, first, RANK_FILE)
     if os.path.exists(rank_file):
         _read_rank_file(rank_file, trust, layout)
+    else:
+        layout.problems.append(Finding("rank-file-missing", f"{rank_file} does not exist: this rank's weights are "
+                                       "missing", "copy the whole checkpoint again"))
+    for other in others:  # a truncated or garbage mp_rank_01 fails the launch as surely as rank 0's
+        _check_rank_file(os.path.join(directory, other, RANK_FILE), trust, layout)
     widths = {sum(g is not None for g in m) for m, _ in ranks}
     if len(widths) > 1:
         layout.problems.append(Finding("mixed-rank-folders", f"{directory} mixes mp_rank_* folder shapes "

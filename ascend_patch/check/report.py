@@ -32,6 +32,7 @@ from ..parallel import (
     training_split_flags,
 )
 from .checkpoint import checkpoint_findings
+from .launch import launch_from_args
 from .probe import CheckpointLayout, probe_checkpoint
 
 # check takes a per-stage list (--num-layer-list) to describe the launch; remedies name training's flags
@@ -118,7 +119,8 @@ def _node_warnings(report: CheckReport, layout: Layout) -> None:
 
 
 def preflight(world_size: int | None = None, nnodes: int | None = None, nproc_per_node: int | None = None,
-              tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1, etp: int | None = None,
+              tp: int | None = None, pp: int | None = None, cp: int | None = None, ep: int | None = None,
+              etp: int | None = None,
               order: str = DEFAULT_ORDER, num_layer_list: str | list[int] | None = None, vpp: int | None = None,
               seq_length: int | None = None, sequence_parallel: bool = False, hf_config: str | None = None,
               model: ModelDims | None = None, load: str | None = None, trust_checkpoint: bool = False,
@@ -129,9 +131,19 @@ def preflight(world_size: int | None = None, nnodes: int | None = None, nproc_pe
     With ``hf_config``, model sizes given on the command line (``model``) and the flags of a
     Megatron command line (``megatron_args``) are checked against config.json: each that
     disagrees is an error. An uneven pipeline split is given as ``num_layer_list`` or, as
-    Megatron-LM takes it, ``first_stage_layers`` / ``last_stage_layers``.
+    Megatron-LM takes it, ``first_stage_layers`` / ``last_stage_layers``. The parallel sizes
+    (None: not given) are also read from ``megatron_args`` (:mod:`.launch`); a size given
+    both ways with two values is an error, and without ``hf_config`` the command line's
+    model sizes describe the model.
     """
     report = CheckReport(None, nproc_per_node, None, None, None)
+    asked = launch_from_args(dict(tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, vpp=vpp, seq_length=seq_length,
+                                   first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers),
+                              sequence_parallel, megatron_args)
+    report.errors.extend(asked.findings)
+    tp, pp, cp, ep, etp, vpp = (asked.values[k] for k in ("tp", "pp", "cp", "ep", "etp", "vpp"))
+    seq_length, sequence_parallel = asked.values["seq_length"], asked.sequence_parallel
+    first_stage_layers, last_stage_layers = asked.values["first_stage_layers"], asked.values["last_stage_layers"]
     if nnodes is not None and nproc_per_node is not None:
         nodes_world = nnodes * nproc_per_node
         if world_size is not None and world_size != nodes_world:
@@ -162,11 +174,16 @@ def preflight(world_size: int | None = None, nnodes: int | None = None, nproc_pe
             if name != "source" and value is not None and said is not None and value != said:
                 report.errors.append(Finding("model-flag", f"--{name.replace('_', '-')} {value} disagrees with "
                                              f"{hf_config}, which says {said}", "drop the flag or fix it"))
+    if megatron_args and not hf_config and asked.model:  # the command line is the model's description
+        given = ModelDims("--megatron-args", **asked.model)
+        for name, value in asdict(model or ModelDims()).items():
+            said = getattr(given, name)
+            if name != "source" and value is not None and said is not None and value != said:
+                report.errors.append(Finding("model-flag", f"--{name.replace('_', '-')} {value} disagrees with "
+                                             f"--megatron-args, which says {said}", "give each size once"))
+        report.model = given
     if megatron_args:
-        if not hf_config:
-            report.errors.append(Finding("megatron-args", "--megatron-args is checked against a model config",
-                                         "give --hf-config too"))
-        elif report.model is not None:
+        if hf_config and report.model is not None:
             from ..models.args_cli import disagreements
             from ..models.hf_config import read_config_json
             from ..models.registry import get_spec_registry
@@ -195,6 +212,15 @@ def preflight(world_size: int | None = None, nnodes: int | None = None, nproc_pe
     stages = None
     layer_list = parse_layer_list(num_layer_list)
     m = report.model
+    per_stage = asked.layers_per_virtual_stage
+    if per_stage and vpp is None and m is not None and m.num_layers:  # Megatron-LM's other spelling of VPP
+        if m.num_layers % (pp * per_stage) == 0 and m.num_layers // (pp * per_stage) > 1:
+            vpp = m.num_layers // (pp * per_stage)
+        elif m.num_layers % (pp * per_stage):
+            report.errors.append(Finding("megatron-args", f"--num-layers-per-virtual-pipeline-stage {per_stage}: "
+                                         f"{m.num_layers} layers cannot be split into chunks of {per_stage} over "
+                                         f"{pp} pipeline stages"))
+    kv_refusal: list[Finding] = []
     if m is not None:
         checks = []
         if m.num_attention_heads:
@@ -207,6 +233,14 @@ def preflight(world_size: int | None = None, nnodes: int | None = None, nproc_pe
             checks.append(lambda: check_experts(m.num_experts, ep))
         tp_errors = collect(*checks)
         report.errors.extend(tp_errors)
+        if m.num_query_groups and not any(e.code == "query-groups" for e in tp_errors):
+            # megatron-core replicates KV heads over TP; ascend-patch convert cannot write such a checkpoint:
+            # the converter's own rule and message, for wherever this launch needs one of its checkpoints
+            kv_refusal = collect(lambda: check_query_groups(m.num_query_groups, tp, m.num_attention_heads,
+                                                            allow_replication=False, flags=CHECK_FLAGS))
+            if kv_refusal and hf_config and not load:  # the HF weights reach Megatron only through convert
+                report.errors.extend(kv_refusal)
+                kv_refusal = []
         if any(e.code in ("heads", "query-groups", "ffn") for e in tp_errors):
             report.notes.append(_joint_tp_sizes(m, world_size, pp, cp))
         if m.num_layers:
@@ -241,8 +275,14 @@ def preflight(world_size: int | None = None, nnodes: int | None = None, nproc_pe
                 errors, notes = checkpoint_findings(report.checkpoint, launch, layer_list)
                 report.errors.extend(errors)
                 report.notes.extend(notes)
+                if kv_refusal and any(e.code.startswith("checkpoint-") for e in errors):  # the re-shard is refused
+                    report.errors.extend(kv_refusal)
+                kv_refusal = []
     elif report.checkpoint is not None:
         report.errors.extend(report.checkpoint.problems)
+    if kv_refusal and not load:
+        report.warnings.extend(replace(f, code="convert-query-groups", remedy=f"{f.remedy} to convert checkpoints "
+                                       "for it (megatron-core itself runs this TP)") for f in kv_refusal)
     from ..comm.env import nccl_environment
 
     for finding in nccl_environment(target):

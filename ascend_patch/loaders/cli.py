@@ -68,8 +68,11 @@ def add_convert_arguments(p: argparse.ArgumentParser) -> None:
     misc.add_argument("--max-shard-size", default="5GB", help="hf output: largest safetensors shard (e.g. 2GB, 500MB)")
     misc.add_argument("--force", action="store_true", help="write into a non-empty --save-dir, replacing what the "
                       "conversion writes there")
-    misc.add_argument("--zip-crc", action="store_true", help="mg output: compute the zip CRC-32 of every tensor "
-                      "record (torch.load does not need them; unzip -t does); the data then passes through memory")
+    misc.add_argument("--zip-crc", dest="zip_crc", action="store_true", default=True,
+                      help="mg output: fill the zip CRC-32 of every record, so tools that test archives (unzip -t, "
+                      "zipfile.testzip) accept the files (the default)")
+    misc.add_argument("--no-zip-crc", dest="zip_crc", action="store_false",
+                      help="mg output: leave the CRC-32 fields 0 (torch.load does not check them; a little faster)")
     misc.add_argument("--workers", type=int, default=0, help="threads writing the output (default: one per core, "
                       "at most 8)")
     misc.add_argument("--verify", action="store_true", help="re-read the output and check it (tensors and key sets)")
@@ -98,8 +101,8 @@ def options_from_args(args: argparse.Namespace) -> Any:
             family = guess
     if args.add_qkv_bias or args.qk_layernorm:
         extra["claimed"] = {"add_qkv_bias": args.add_qkv_bias, "qk_layernorm": args.qk_layernorm}
-    if args.zip_crc:
-        extra["zip_crc"] = True
+    if not args.zip_crc:
+        extra["zip_crc"] = False
     if args.num_layers_per_virtual_pipeline_stage:
         extra["layers_per_virtual_stage"] = args.num_layers_per_virtual_pipeline_stage
     return ConvertOptions(
@@ -129,6 +132,11 @@ def run_convert(args: argparse.Namespace) -> int:
     # malformed value in a config or in args (int("x")): the message, not a traceback, is what helps there
     except (AscendPatchError, ValueError) as exc:
         print(f"ascend-patch convert: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # the file system said no (preflight catches the known cases first): exit 1 means
+        # a failed verification, so this is a refusal too, and the staging directory is already gone
+        print(f"ascend-patch convert: {exc.strerror or exc}{f': {exc.filename}' if exc.filename else ''}; "
+              "the partial output was removed", file=sys.stderr)
         return 2
     print(result.summary())
     if result.verify is not None and not result.verify.ok:
@@ -163,7 +171,7 @@ def run_verify(args: argparse.Namespace) -> int:
                         options=ConvertOptions(model_type_hf=args.model_type_hf,
                                                true_vocab_size=args.true_vocab_size),
                         check_keys=not args.no_keys)
-    except (AscendPatchError, ValueError) as exc:
+    except (AscendPatchError, ValueError, OSError) as exc:
         print(f"ascend-patch verify: {exc}", file=sys.stderr)
         return 2
     print(report.summary())

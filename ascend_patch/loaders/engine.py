@@ -62,6 +62,7 @@ class ConversionResult:
     seconds: float = 0.0
     files: list[str] = field(default_factory=list)
     verify: Any = None
+    kept: list[str] = field(default_factory=list)  # entries of the old --save-dir that were not checkpoint files
 
     def summary(self) -> str:
         rate = self.bytes_written / self.seconds / 1e6 if self.seconds else 0.0
@@ -69,6 +70,10 @@ class ConversionResult:
                  f"wrote {len(self.files)} file(s), {self.bytes_written / 1e6:.1f} MB in {self.seconds:.2f} s "
                  f"({rate:.0f} MB/s) to {self.save_dir}"]
         lines += [f"note: {n}" for n in self.source.notes + self.plan.notes]
+        if self.kept:
+            lines.append(f"note: replaced the checkpoint in {self.save_dir}; kept {len(self.kept)} entr"
+                         f"{'y' if len(self.kept) == 1 else 'ies'} that belong to no checkpoint: "
+                         f"{', '.join(self.kept[:8])}{' ...' if len(self.kept) > 8 else ''}")
         if self.verify is not None:
             lines.append(self.verify.summary())
         return "\n".join(lines)
@@ -133,7 +138,7 @@ def convert(load_dir: str, save_dir: str, loader: str = "hf", saver: str = "mg",
             for rel, data in {**plan.side_files, **plan.commit_files}.items():
                 _write_small(os.path.join(staging, rel), data)
             result.files = [f.relpath for f in plan.files] + list(plan.side_files) + list(plan.commit_files)
-            _publish(staging, save_dir, plan)
+            result.kept = _publish(staging, save_dir, plan)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
@@ -264,7 +269,7 @@ def _open_writer(target: TargetFile, path: str, options: ConvertOptions, page_of
     if target.format == "torch":
         from .torch_zip import TorchZipWriter
 
-        return TorchZipWriter(path, target.skeleton, crc=bool(options.extra.get("zip_crc")), page_offsets=page_offsets)
+        return TorchZipWriter(path, target.skeleton, crc=bool(options.extra.get("zip_crc", True)), page_offsets=page_offsets)
     raise ValueError(f"{target.relpath}: unknown output file format {target.format!r} (safetensors or torch)")
 
 
@@ -274,37 +279,78 @@ def _write_small(path: str, data: bytes) -> None:
         f.write(data)
 
 
-def _publish(staging: str, save_dir: str, plan: TargetPlan) -> None:
-    """Move the finished staging directory into place; commit files (tracker, config.json) go last."""
+def _publish(staging: str, save_dir: str, plan: TargetPlan) -> list[str]:
+    """Move the finished staging directory into place; returns the old entries kept (see below).
+
+    With --force into a non-empty directory the staging directory becomes the whole new
+    directory: every checkpoint file of the old one goes (an old ``model.safetensors``
+    beside new shards would be what ``from_pretrained`` loads), everything else
+    (tokenizer, README, the user's notes) is hard-linked across first, and the two
+    directories are exchanged in one step where the kernel can (``renameat2``).
+    """
     save_dir = os.path.abspath(save_dir)
     if not os.path.isdir(save_dir) or not os.listdir(save_dir):
         if os.path.isdir(save_dir):
             os.rmdir(save_dir)
         os.rename(staging, save_dir)
-        return
-    # --force into a non-empty directory: first make it stop looking valid, then swap entries.
-    for rel in plan.commit_files:
-        target = os.path.join(save_dir, rel)
-        if os.path.lexists(target):
-            os.remove(target)
-    commit = set(plan.commit_files)
-    for entry in sorted(os.listdir(staging)):
-        if entry in commit:
+        return []
+    kept = []
+    for entry in sorted(os.listdir(save_dir)):
+        if entry in plan.commit_files or entry in plan.side_files or _is_checkpoint_entry(entry):
             continue
-        _replace(os.path.join(staging, entry), os.path.join(save_dir, entry))
-    for rel in plan.commit_files:
-        os.replace(os.path.join(staging, rel), os.path.join(save_dir, rel))
-    shutil.rmtree(staging, ignore_errors=True)
+        _link_tree(os.path.join(save_dir, entry), os.path.join(staging, entry))
+        kept.append(entry)
+    os.chmod(staging, os.stat(save_dir).st_mode & 0o7777)  # the directory keeps its permissions
+    if not _exchange(staging, save_dir):
+        aside = f"{staging}-old"
+        os.rename(save_dir, aside)
+        try:
+            os.rename(staging, save_dir)
+        except OSError:
+            os.rename(aside, save_dir)  # the old checkpoint stays where it was
+            raise
+        staging = aside
+    shutil.rmtree(staging, ignore_errors=True)  # the old directory
+    return kept
 
 
-def _replace(new: str, old: str) -> None:
-    if os.path.isdir(old) and not os.path.islink(old):
-        aside = f"{old}.{STAGING_PREFIX}old-{os.getpid()}"
-        os.rename(old, aside)
-        os.rename(new, old)
-        shutil.rmtree(aside, ignore_errors=True)
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf", ".distcp",
+                    ".index.json")
+
+
+def _is_checkpoint_entry(name: str) -> bool:
+    """Whether a directory entry is part of a checkpoint (weights, their index, config, Megatron's tracker and
+    iteration folders) rather than something beside it (tokenizer, README)."""
+    from .megatron_layout import TRACKER, iteration_of
+
+    return (name.endswith(_WEIGHT_SUFFIXES) or name in ("config.json", "generation_config.json", TRACKER)
+            or iteration_of(name) is not None or name.startswith(STAGING_PREFIX))
+
+
+def _link_tree(src: str, dst: str) -> None:
+    def link(a: str, b: str) -> None:
+        try:
+            os.link(a, b, follow_symlinks=False)
+        except OSError:
+            shutil.copy2(a, b, follow_symlinks=False)
+
+    if os.path.isdir(src) and not os.path.islink(src):
+        shutil.copytree(src, dst, symlinks=True, copy_function=link)
     else:
-        os.replace(new, old)
+        link(src, dst)
+
+
+def _exchange(a: str, b: str) -> bool:
+    """Swap two directories atomically (Linux ``renameat2(RENAME_EXCHANGE)``); False where unsupported."""
+    import ctypes
+
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    at_fdcwd, rename_exchange = -100, 2
+    return fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
 
 
 def _remove_stale_staging(parent: str) -> None:

@@ -14,6 +14,7 @@ import math
 import glob
 import json
 import os
+import re
 from collections import Counter
 from typing import Any
 
@@ -39,7 +40,7 @@ def _read_json(path: str) -> Any:
     try:
         with open(path, encoding="utf-8") as f:
             return json.load(f)
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CorruptCheckpoint(f"{path} is not valid JSON: {exc}") from None
 
 
@@ -51,21 +52,32 @@ def hf_weight_files(path: str) -> tuple[dict[str, TensorInfo], list[Finding], st
 
     problems: list[Finding] = []
     index_path = None
-    for name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
-        if os.path.isfile(os.path.join(path, name)):
-            index_path = os.path.join(path, name)
-            break
-    if index_path:
+    chosen = transformers_weights_file(path)
+    if chosen is not None and chosen.endswith(".index.json"):
+        index_path = os.path.join(path, chosen)
         index = _read_json(index_path)
         weight_map = index.get("weight_map") if isinstance(index, dict) else None
         if not isinstance(weight_map, dict):
             raise CorruptCheckpoint(f"{index_path} has no weight_map object")
-        files = sorted(set(weight_map.values()))
-    else:
+        files = _index_files(index_path, weight_map)
+    elif chosen is not None:
+        weight_map, files = None, [chosen]
+    else:  # shards without an index: transformers would not load them, the converter reads them all
         weight_map = None
         files = [os.path.basename(p) for p in sorted(glob.glob(os.path.join(path, "*.safetensors")))]
-        if not files and os.path.isfile(os.path.join(path, "pytorch_model.bin")):
-            files = ["pytorch_model.bin"]
+    if chosen is not None:
+        # files named as transformers names its weights, of the chosen format, that it would skip: what an earlier
+        # save left (pytorch_model.bin beside model.safetensors is the hub's common "same weights twice" layout,
+        # and other names -- Mistral's consolidated.safetensors, an adapter -- are not transformers' weights)
+        stem = "model" if ".safetensors" in chosen else "pytorch_model"
+        ext = ".safetensors" if stem == "model" else ".bin"
+        own = re.compile(rf"{stem}(-\d+-of-\d+)?{re.escape(ext)}(\.index\.json)?\Z")
+        ignored = sorted(e for e in os.listdir(path) if e != chosen and e not in files and own.match(e))
+        if ignored:
+            problems.append(Finding("stale-weights", f"{path} holds {', '.join(ignored[:4])}"
+                                    f"{' ...' if len(ignored) > 4 else ''} besides {chosen}, which transformers "
+                                    "loads: they are not part of the checkpoint", "remove them, or convert into an "
+                                    "empty directory"))
     if not files:
         found = ", ".join(sorted(os.listdir(path))[:10]) or "nothing"
         raise CorruptCheckpoint(f"{path} holds no model.safetensors, *.safetensors shards or pytorch_model.bin "
@@ -95,6 +107,62 @@ def hf_weight_files(path: str) -> tuple[dict[str, TensorInfo], list[Finding], st
     return tensors, problems, index_path or ""
 
 
+# transformers' order (modeling_utils._get_resolved_checkpoint_files, 4.x to 5.x): a single file beats an index
+_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                 "pytorch_model.bin.index.json")
+
+
+def transformers_weights_file(path: str) -> str | None:
+    """The weights file ``from_pretrained`` reads in ``path`` (a file name in it), or None when there is none.
+
+    config.json's ``transformers_weights`` names it explicitly (confined to the directory);
+    otherwise the first of model.safetensors, its index, pytorch_model.bin, its index.
+    """
+    config_path = os.path.join(path, "config.json")
+    if os.path.isfile(config_path):
+        config = _read_json(config_path)
+        explicit = config.get("transformers_weights") if isinstance(config, dict) else None
+        if explicit is not None:
+            _index_files(config_path, {"transformers_weights": explicit},
+                         kind=(".safetensors.index.json", ".safetensors"))
+            if not os.path.isfile(os.path.join(path, explicit)):
+                raise CorruptCheckpoint(f"{config_path} names transformers_weights {explicit!r}, which is not in "
+                                        f"{path}")
+            return explicit
+    return next((name for name in _WEIGHT_FILES if os.path.isfile(os.path.join(path, name))), None)
+
+
+def _index_files(index_path: str, weight_map: dict[Any, Any], kind: str | tuple[str, ...] | None = None) -> list[str]:
+    """The files an index names, each a relative path inside its directory of the index's own kind.
+
+    A name that leaves the directory (``../other/x.safetensors``, ``/abs/x``) would make the
+    converter read another checkpoint's weights as this one's; a ``.bin`` or ``.json`` in a
+    safetensors index would be read with the wrong reader. Both are refused by name.
+    """
+    if kind is None:
+        kind = ".safetensors" if index_path.endswith(".safetensors.index.json") else ".bin"
+    index = os.path.basename(index_path)
+    bad = [(k, v) for k, v in weight_map.items() if not isinstance(k, str) or not isinstance(v, str) or not v]
+    if bad:
+        raise CorruptCheckpoint(f"{index_path}: weight_map entries must map tensor names to file names; "
+                                f"{len(bad)} do not (first: {bad[0][0]!r}: {bad[0][1]!r})")
+    files = sorted(set(weight_map.values()))
+    if not files:
+        raise CorruptCheckpoint(f"{index_path} maps no tensors to files (an empty weight_map): fix or re-download "
+                                f"{index}")
+    for name in files:
+        parts = name.replace("\\", "/").split("/")
+        if os.path.isabs(name) or name.startswith(("/", "\\")) or ".." in parts or "" in parts or "\0" in name:
+            raise CorruptCheckpoint(f"{index_path} points outside its checkpoint directory ({name!r}); every file "
+                                    f"of a checkpoint lies in {os.path.dirname(index_path)}: fix or re-download "
+                                    f"{index}")
+        if not name.endswith(kind):
+            what = kind if isinstance(kind, str) else " or ".join(kind)
+            raise CorruptCheckpoint(f"{index_path} lists {name!r}, which is not a {what} file: {index} names "
+                                    f"only {what} shards; fix or re-download it")
+    return files
+
+
 class HFLoader(CheckpointLoader):
     name = "hf"
     aliases = ("huggingface", "hf_safetensors")  # the families add theirs (llama_hf, qwen3_hf, ...)
@@ -107,11 +175,31 @@ class HFLoader(CheckpointLoader):
     def open(self, path: str, options: ConvertOptions) -> SourceCheckpoint:
         if not os.path.isdir(path):
             raise CorruptCheckpoint(f"--load-dir {path} is not a directory")
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            raise CorruptCheckpoint(_no_config(path))
         config = read_config_json(path)
         tensors, file_problems, _ = hf_weight_files(path)
         gen_path = os.path.join(path, "generation_config.json")
         generation = _read_json(gen_path) if os.path.isfile(gen_path) else None
         return source_from_hf_tensors(self.name, path, config, tensors, options, file_problems, generation)
+
+
+def _no_config(path: str) -> str:
+    """Why an HF --load-dir without config.json cannot be read, and which loader it looks like it needs."""
+    from .megatron_layout import TRACKER, iteration_of, parse_rank_dir
+
+    entries = sorted(os.listdir(path))
+    if not entries:
+        return (f"--load-dir {path} is empty: there is no checkpoint to convert. Check the path: a Hugging Face "
+                f"checkpoint holds config.json and *.safetensors; a Megatron one {TRACKER} and iter_*/ "
+                "folders, read with --loader mg")
+    if TRACKER in entries or any(iteration_of(e) is not None or parse_rank_dir(e) for e in entries):
+        return (f"--load-dir {path} is a Megatron checkpoint ({', '.join(entries[:3])}"
+                f"{', ...' if len(entries) > 3 else ''}), not a Hugging Face one (no config.json); "
+                "pass --loader mg (or --load-model-type mg) to read it")
+    return (f"no config.json in --load-dir {path} (found: {', '.join(entries[:10])}"
+            f"{', ...' if len(entries) > 10 else ''}): a Hugging Face checkpoint needs its config.json; "
+            "for a Megatron checkpoint pass --loader mg")
 
 
 def source_from_hf_tensors(fmt: str, path: str, config: dict[str, Any], tensors: dict[str, TensorInfo],
@@ -241,6 +329,7 @@ class HFSaver(CheckpointSaver):
         cfg = source.config
         if source.hf_config:
             config = dict(source.hf_config)
+            config.pop("transformers_weights", None)  # names the source's weights file, not the one written here
             if "torch_dtype" in config and "dtype" not in config:
                 config["torch_dtype"] = dtype
             else:

@@ -152,23 +152,88 @@ def check_tensors(expected: Mapping[str, tuple[int, ...]], found: Mapping[str, t
 
 
 def check_output_dir(save_dir: str, force: bool, load_dir: str | None = None) -> list[Finding]:
-    """A non-empty output directory needs --force; never write into the source."""
+    """Everything about the destination that would fail after the work: checked before any.
+
+    The output is assembled in a staging directory beside ``--save-dir`` and then moved
+    into place (with --force: exchanged with the old directory), so the destination must
+    be a real directory path (not a symbolic link, not a mount point) on a writable file
+    system, not below a regular file; and never the source, inside it, or (with --force,
+    which replaces it) around it.
+    """
     problems = []
-    save = os.path.realpath(save_dir)
+    save = os.path.abspath(save_dir)
+    real = os.path.realpath(save_dir)
     if load_dir is not None:
         load = os.path.realpath(load_dir)
-        if save == load or save.startswith(load + os.sep):
+        if real == load or real.startswith(load + os.sep):
             problems.append(Finding("output-in-source", f"--save-dir {save_dir} is (inside) --load-dir {load_dir}",
                                     "choose a directory outside the source checkpoint"))
-    if os.path.exists(save) and not os.path.isdir(save):
+        elif load.startswith(real + os.sep) and force:
+            problems.append(Finding("source-in-output", f"--load-dir {load_dir} is inside --save-dir {save_dir}, "
+                                    "which --force replaces", "choose a --save-dir that does not hold the source"))
+    if os.path.islink(save):
+        problems.append(Finding("output-symlink", f"--save-dir {save_dir} is a symbolic link (to "
+                                f"{os.readlink(save)}): the output directory is moved into place, which would "
+                                "replace the link, not fill its target", f"give the real path, --save-dir {real}"))
+    elif os.path.exists(save) and not os.path.isdir(save):
         problems.append(Finding("output-not-dir", f"--save-dir {save_dir} exists and is not a directory",
                                 "choose a directory path"))
-    elif os.path.isdir(save) and os.listdir(save) and not force:
-        entries = sorted(os.listdir(save))
-        problems.append(Finding("output-not-empty", f"--save-dir {save_dir} is not empty ({len(entries)} entries: "
-                                f"{', '.join(entries[:5])}{'...' if len(entries) > 5 else ''})",
-                                "pass --force to replace what the conversion writes, or choose another directory"))
+    elif os.path.isdir(save):
+        cwd = os.path.realpath(os.getcwd())
+        if cwd == real or cwd.startswith(real + os.sep):
+            problems.append(Finding("output-is-cwd", f"--save-dir {save_dir} holds the current directory: the output "
+                                    "replaces that directory with a new one, which would leave this shell in a "
+                                    "deleted directory", "cd out of it first, or write into a new directory below "
+                                    "it"))
+        elif os.path.ismount(save):
+            problems.append(Finding("output-mount-point", f"--save-dir {save_dir} is a mount point: the output is "
+                                    "assembled beside it and moved into place, which cannot cross file systems",
+                                    f"write into a directory inside it, e.g. --save-dir {os.path.join(save_dir, 'ckpt')}"))
+        elif os.listdir(save) and not force:
+            entries = sorted(os.listdir(save))
+            problems.append(Finding("output-not-empty", f"--save-dir {save_dir} is not empty ({len(entries)} entries: "
+                                    f"{', '.join(entries[:5])}{'...' if len(entries) > 5 else ''})",
+                                    "pass --force to replace the checkpoint in it (other files are kept), or choose "
+                                    "another directory"))
+    problems += _check_writable_parent(save_dir, save)
     return problems
+
+
+def _check_writable_parent(save_dir: str, save: str) -> list[Finding]:
+    """The nearest existing ancestor of --save-dir is a directory this process can create entries in."""
+    import errno
+    import tempfile
+
+    ancestor = os.path.dirname(save)
+    while not os.path.lexists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if not os.path.isdir(ancestor):
+        return [Finding("output-below-file", f"--save-dir {save_dir} is below {ancestor}, which is a "
+                        f"{'regular file' if os.path.isfile(ancestor) else 'not a directory'}",
+                        "choose a directory path")]
+    try:
+        name_max = os.pathconf(ancestor, "PC_NAME_MAX")
+    except (OSError, ValueError, AttributeError):
+        name_max = 255
+    long = [p for p in os.path.relpath(save, ancestor).split(os.sep) if len(os.fsencode(p)) > name_max]
+    if long:
+        return [Finding("output-name-too-long", f"--save-dir {save_dir}: the name {long[0][:40]}... is "
+                        f"{len(os.fsencode(long[0]))} bytes; the file system allows {name_max}",
+                        "choose a shorter name")]
+    try:
+        read_only = bool(os.statvfs(ancestor).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):  # no statvfs (Windows): the probe below decides
+        read_only = False
+    if read_only:
+        return [Finding("output-read-only", f"--save-dir {save_dir}: {ancestor} is on a read-only file system",
+                        "choose a --save-dir on a writable file system")]
+    try:  # the staging directory goes here: create (and remove) one now rather than fail after the work
+        os.rmdir(tempfile.mkdtemp(prefix=".ascend_patch-probe-", dir=ancestor))
+    except OSError as exc:
+        why = "it is on a read-only file system" if exc.errno == errno.EROFS else exc.strerror or str(exc)
+        return [Finding("output-not-writable", f"--save-dir {save_dir}: cannot create directories in {ancestor} "
+                        f"({why})", "choose a --save-dir where you can write, or fix its permissions")]
+    return []
 
 
 def check_disk_space(save_dir: str, needed: int) -> list[Finding]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import struct
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -29,6 +30,7 @@ __all__ = [
     "UnsafeCheckpoint",
     "MegatronObject",
     "STAND_IN_PREFIXES",
+    "check_archive",
     "safe_load",
     "tensor_infos",
 ]
@@ -104,6 +106,62 @@ def _base_allowlist() -> list[Any]:
     return allowed
 
 
+_LOCAL_HEADER = struct.Struct("<IHHHHHIIIHH")
+_PICKLE_OPCODES = {ord(op.code) for op in __import__("pickletools").opcodes}
+_LEGACY_MAGIC = b"\x80\x02"  # torch < 1.6 wrote a bare protocol-2 pickle
+
+
+def check_archive(path: str) -> list[tuple[int, int]] | None:
+    """Check a torch file's zip structure without reading tensor data; the (start, size) of its data records.
+
+    Reads the central directory and every local header: each record must be stored
+    (torch never compresses), lie inside the file before the directory and carry the name
+    the directory gives it, and the archive must hold one ``data.pkl``. A legacy (non-zip)
+    torch file returns None. Raises :class:`CorruptCheckpoint` naming the file and the fault.
+    """
+    import zipfile
+
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        head = f.read(4)
+        if not head.startswith(b"PK"):
+            if head.startswith(_LEGACY_MAGIC):
+                return None
+            raise CorruptCheckpoint(f"{path} ({size} bytes) is not a torch checkpoint: it is neither a zip archive "
+                                    "(torch >= 1.6) nor a legacy torch pickle (truncated at the start or overwritten)")
+        try:
+            with zipfile.ZipFile(f) as zf:
+                infos, directory = zf.infolist(), zf.start_dir
+        except Exception as exc:  # a damaged directory raises BadZipFile, struct.error, ValueError, ...
+            raise CorruptCheckpoint(f"{path} ({size} bytes): the zip directory cannot be read ({exc}); the file is "
+                                    "truncated or damaged") from None
+        pickles = [i.filename for i in infos if i.filename.endswith("/data.pkl") and i.filename.count("/") == 1]
+        if len(pickles) != 1:
+            raise CorruptCheckpoint(f"{path}: the archive holds {len(pickles)} data.pkl records, a torch checkpoint "
+                                    "holds one (damaged, or not written by torch.save)")
+        records = []
+        for info in infos:
+            if info.compress_type != zipfile.ZIP_STORED or info.compress_size != info.file_size:
+                raise CorruptCheckpoint(f"{path}: record {info.filename} is compressed; torch.save stores every "
+                                        "record uncompressed (damaged, or re-zipped by another tool)")
+            f.seek(info.header_offset)
+            local = f.read(_LOCAL_HEADER.size)
+            if len(local) < _LOCAL_HEADER.size or _LOCAL_HEADER.unpack(local)[0] != 0x04034B50:
+                raise CorruptCheckpoint(f"{path}: record {info.filename} has no local header at byte "
+                                        f"{info.header_offset} (damaged)")
+            name_len, extra_len = _LOCAL_HEADER.unpack(local)[-2:]
+            if f.read(name_len) != info.filename.encode():
+                raise CorruptCheckpoint(f"{path}: the local header at byte {info.header_offset} does not name "
+                                        f"{info.filename} (damaged)")
+            start = info.header_offset + _LOCAL_HEADER.size + name_len + extra_len
+            if start + info.file_size > directory:
+                raise CorruptCheckpoint(f"{path}: record {info.filename} needs bytes {start}..{start + info.file_size}"
+                                        f" but the data ends at {directory} (truncated or damaged)")
+            if "/data/" in info.filename:
+                records.append((start, info.file_size))
+    return sorted(records)
+
+
 def safe_load(path: str, *, meta: bool = True) -> Any:
     """The object in ``path`` with tensors on the meta device (or in memory when ``meta=False``).
 
@@ -116,6 +174,7 @@ def safe_load(path: str, *, meta: bool = True) -> Any:
 
     if not os.path.isfile(path):
         raise CorruptCheckpoint(f"{path} does not exist")
+    check_archive(path)
     allowed = _base_allowlist()
     with safe_globals(allowed):
         try:
@@ -135,17 +194,21 @@ def safe_load(path: str, *, meta: bool = True) -> Any:
         text = str(exc)
         # what a static read cannot see (a global pushed by other opcodes) is still refused by the unpickler
         named = _ANY_GLOBAL.search(text)
-        if named or "Unsupported operand" in text or "is blocked" in text:
+        operand = re.search(r"Unsupported operand (\d+)", text)
+        if operand and int(operand.group(1)) not in _PICKLE_OPCODES:  # not an opcode at all: damaged bytes
+            raise _corrupt(path, ValueError(f"byte {operand.group(1)} where the pickle needs an opcode")) from None
+        if named or operand or "is blocked" in text:
             raise _unsafe(path, (named.group(1) or named.group(2)) if named else "an object constructor") from None
-        if isinstance(exc, (RuntimeError, EOFError, OSError, ValueError)) or "pickle" in type(exc).__name__.lower():
-            raise _corrupt(path, exc) from None
-        raise
+        # whatever else the unpickler raises on these bytes (KeyError for a storage key the archive lacks,
+        # TypeError for a rebuild given the wrong arguments, ...) is a file it cannot read, not a bug here
+        raise _corrupt(path, exc) from None
 
 
 def _unsafe(path: str, what: str) -> UnsafeCheckpoint:
     return UnsafeCheckpoint(f"{path}: refusing to unpickle {what}, which is not on the allowlist of a weights-only "
-                            "checkpoint; nothing from the file was executed. If you trust the file, load it with "
-                            "torch.load(weights_only=False) yourself and re-save only the tensors.")
+                            "checkpoint; nothing from the file was executed. Do not load it with "
+                            "torch.load(weights_only=False) (that would run it): take the checkpoint from a source "
+                            "you trust, or re-save its tensors where it was written.")
 
 
 def _corrupt(path: str, exc: BaseException) -> CorruptCheckpoint:
@@ -156,9 +219,13 @@ def _corrupt(path: str, exc: BaseException) -> CorruptCheckpoint:
 
 def tensor_infos(obj: Mapping[str, Any], path: str) -> Iterator[tuple[str, TensorInfo | None]]:
     """(key, TensorInfo) for every entry of a state dict loaded by :func:`safe_load` (None for non-tensors)."""
+    import bisect
+
     import torch
 
     size = os.path.getsize(path)
+    records = check_archive(path)
+    starts = [r[0] for r in records or ()]
     for key, value in obj.items():
         if not isinstance(value, torch.Tensor):
             yield key, None
@@ -177,4 +244,9 @@ def tensor_infos(obj: Mapping[str, Any], path: str) -> Iterator[tuple[str, Tenso
         if extent > size:
             raise CorruptCheckpoint(f"{path}: tensor {key!r} needs bytes up to {extent} but the file has {size} "
                                     "(truncated)")
+        if records and all(shape):  # its bytes must lie in one data record: a damaged pickle points elsewhere
+            at = bisect.bisect_right(starts, offset) - 1
+            if at < 0 or extent > records[at][0] + records[at][1]:
+                raise CorruptCheckpoint(f"{path}: tensor {key!r} ({dtype}{list(shape)}) needs bytes {offset}..{extent}"
+                                        ", which no data record of the archive holds (damaged)")
         yield key, info

@@ -194,7 +194,8 @@ def check_query_groups(num_query_groups: int, tp: int, num_attention_heads: int 
         valid = sorted(set(valid + upper))
         rule = "TP must divide the query groups, or be a multiple of them (each KV head replicated)"
     else:
-        rule = "here TP must divide the query groups (KV heads cannot be replicated)"
+        rule = ("ascend-patch convert writes each rank's own KV heads and cannot replicate them, so TP must "
+                "divide the query groups")
     raise ParallelConfigError(
         f"{num_query_groups} query groups (KV heads) do not fit {tp} tensor-parallel ranks: {rule}",
         "query-groups", f"use {flags.tp} {format_choices(valid, near=tp)}")
@@ -237,9 +238,12 @@ def check_seq_length(seq_length: int, cp: int, tp: int = 1, sequence_parallel: b
             fixes.append(f"{flags.cp} {format_choices(cps, near=cp)}")
         if sp:
             base = 2 * cp if cp > 1 else 1
+            # an odd length under CP fits no TP size: "use TP none" is no advice
             tps = [t for t in divisors(seq_length) if seq_length % math.lcm(base, cp * t) == 0]
-            fixes.append(f"{flags.tp} {format_choices(tps, limit=6, near=tp)}")
-            fixes.append("no --sequence-parallel")
+            if tps:
+                fixes.append(f"{flags.tp} {format_choices(tps, limit=6, near=tp)}")
+            if seq_length % base == 0:  # else CP's chunks do not fit either, with or without it
+                fixes.append("no --sequence-parallel")
         raise ParallelConfigError(
             f"sequence length {seq_length} cannot be split into {' and '.join(parts)}: it must be a multiple "
             f"of {need}", "seq-length", f"use {', or '.join(fixes)}")

@@ -341,12 +341,44 @@ def test_a_pickle_needing_other_code_is_not_run(tmp_path):
     ckpt = make_checkpoint(tmp_path / "odd", args={"when": datetime.date(2024, 1, 2)})
     layout = probe_checkpoint(str(ckpt))
     assert layout.args == {} and (layout.pp, layout.ep) == (1, 1)
-    assert layout.notes == [(
-        "args not read from model_optim_rng.pt: unpickling it needs datetime.date, which is neither a plain "
-        "container nor a Megatron class; pass --trust-checkpoint to read it with full unpickling (that runs the "
-        "file's code)")]
-    trusted = probe_checkpoint(str(ckpt), trust=True)
-    assert trusted.args["num_layers"] == 8 and trusted.notes == []
+    rank_file = f"{ckpt}/iter_0000100/mp_rank_00/model_optim_rng.pt"
+    assert [str(p) for p in layout.problems] == [(
+        f"{rank_file} cannot be read safely: unpickling it needs datetime.date, which is neither a plain container, "
+        "a tensor nor a Megatron class, so its args and layout were not checked (nothing from the file was "
+        "executed); do not load it (Megatron's torch.load(weights_only=False) would run that code); take the "
+        "checkpoint from a source you trust, or re-save its tensors and args where it was written")]
+    trusted = probe_checkpoint(str(ckpt), trust=True)  # the user's explicit choice; no message suggests it
+    assert trusted.args["num_layers"] == 8 and trusted.notes == [] and trusted.problems == []
+
+
+class _RunsCode:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_hostile_rank_file_is_an_error_and_the_clean_copy_still_shows_its_real_error(tmp_path, capsys):
+    # issue 13 item 9: the hostile copy said "OK: no errors" and advised --trust-checkpoint
+    config = hf_config(tmp_path, layers=28)
+    clean = make_checkpoint(tmp_path / "clean", args={"num_layers": 24})
+    hostile = make_checkpoint(tmp_path / "hostile", args={"num_layers": 24})
+    marker = tmp_path / "pwned"
+    rank_file = hostile / "iter_0000100" / "mp_rank_00" / "model_optim_rng.pt"
+    state = torch.load(rank_file, weights_only=False)
+    state["extra"] = _RunsCode(str(marker))
+    torch.save(state, rank_file)
+    code, out = run(capsys, "--world-size", 1, "--hf-config", config, "--load", clean)
+    assert code == 1
+    assert f"the checkpoint was saved with num_layers=24 but qwen2 from {config} says 28" in out
+    code, out = run(capsys, "--world-size", 1, "--hf-config", config, "--load", hostile)
+    assert code == 1 and "OK: no errors" not in out and "1 error(s)" in out
+    assert f"{rank_file} cannot be read safely: unpickling it needs posix.system" in out
+    assert "--trust-checkpoint" not in out and "weights_only=False) would run that code" in out
+    assert not marker.exists()
 
 
 def test_first_and_last_stage_flags_describe_an_uneven_launch(tmp_path, capsys):
@@ -427,3 +459,62 @@ def test_megatron_args_with_the_two_word_spec_and_multi_valued_flags(tmp_path, c
     assert f"--fp16: config.json says the model is bfloat16 (torch_dtype/dtype); use --bf16 ({tmp_path})" in out
     assert f"--spec qwen2: config.json describes a qwen3 model; use --spec qwen3 ({tmp_path})" in out
     assert "2 error(s)" in out
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "missing"])
+def test_every_rank_file_is_checked_and_a_corrupt_one_is_named(tmp_path, capsys, damage):
+    # issue 13 item 10: only rank 0's file was read, so a broken mp_rank_01 passed as "OK: no errors"
+    ckpt = make_checkpoint(tmp_path / damage, tp=2, pp=2)
+    assert run(capsys, "--world-size", 4, "--tp", 2, "--pp", 2, "--load", ckpt)[0] == 0
+    bad = ckpt / "iter_0000100" / "mp_rank_01_001" / "model_optim_rng.pt"
+    data = bad.read_bytes()
+    if damage == "truncated":
+        bad.write_bytes(data[: len(data) - 100])
+    elif damage == "garbage":
+        bad.write_bytes(bytes(range(256)) * (len(data) // 256))
+    else:
+        bad.unlink()
+    code, out = run(capsys, "--world-size", 4, "--tp", 2, "--pp", 2, "--load", ckpt)
+    assert code == 1 and "1 error(s)" in out
+    expected = {
+        "truncated": f"{bad} ({len(data) - 100} bytes): the zip directory cannot be read (File is not a zip file); "
+                     "the file is truncated or damaged; copy this file again",
+        "garbage": f"{bad} ({len(data) // 256 * 256} bytes) is not a torch checkpoint: it is neither a zip archive "
+                   "(torch >= 1.6) nor a legacy torch pickle",
+        "missing": f"{bad} does not exist: this rank's weights are missing; copy the whole checkpoint again",
+    }[damage]
+    assert expected in out
+
+
+def test_a_record_cut_short_inside_the_archive_is_named(tmp_path, capsys):
+    ckpt = make_checkpoint(tmp_path / "c", tp=2)
+    bad = ckpt / "iter_0000100" / "mp_rank_01" / "model_optim_rng.pt"
+    import zipfile
+
+    with zipfile.ZipFile(bad) as zf:
+        info = zf.getinfo("model_optim_rng/byteorder")
+    data = bytearray(bad.read_bytes())
+    data[info.header_offset: info.header_offset + 4] = b"XXXX"  # the local header's signature
+    bad.write_bytes(bytes(data))
+    code, out = run(capsys, "--world-size", 2, "--tp", 2, "--load", ckpt)
+    assert code == 1
+    assert f"{bad}: record model_optim_rng/byteorder has no local header at byte {info.header_offset}" in out
+
+
+def test_a_tensor_outside_its_record_is_named_in_rank_0_too(tmp_path, capsys):
+    import struct
+    import zipfile
+
+    ckpt = make_checkpoint(tmp_path / "c")
+    bad = ckpt / "iter_0000100" / "mp_rank_00" / "model_optim_rng.pt"
+    data = bytearray(bad.read_bytes())
+    with zipfile.ZipFile(bad) as zf:
+        start = zf.start_dir
+    name = b"model_optim_rng/data/0"
+    entry = data.index(name, start) - 46  # its central directory entry: sizes at +20 and +24
+    assert struct.unpack_from("<II", data, entry + 20) == (8, 8)  # two float32 zeros
+    struct.pack_into("<II", data, entry + 20, 4, 4)
+    bad.write_bytes(bytes(data))
+    code, out = run(capsys, "--world-size", 1, "--load", ckpt)
+    assert code == 1
+    assert f"{bad}: tensor 'w' (float32[2]) needs bytes" in out and "which no data record of the archive holds" in out

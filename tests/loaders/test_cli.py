@@ -101,3 +101,45 @@ def test_hf_to_mg_never_imports_torch(tmp_path, hf_checkpoint):
                          text=True, check=True).stdout
     assert json.loads(out.strip().splitlines()[-1]) == {"rc": 0, "torch": False}
     assert os.path.isfile(tmp_path / "mg" / "iter_0000001" / "mp_rank_01" / "model_optim_rng.pt")
+
+
+def test_empty_or_megatron_load_dir_without_the_mg_loader_says_what_to_pass(tmp_path, hf_checkpoint, capsys):
+    # issue 13 item 15: both said only "no config.json at .../config.json"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["convert", "--load-dir", str(empty), "--save-dir", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"--load-dir {empty} is empty: there is no checkpoint to convert" in err and "--loader mg" in err
+    hf, _ = hf_checkpoint("qwen2")
+    mg = str(tmp_path / "mg")
+    assert main(["convert", "--load-dir", hf, "--save-dir", mg, "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["convert", "--load-dir", mg, "--save-dir", str(tmp_path / "back")]) == 2
+    err = capsys.readouterr().err
+    assert (f"--load-dir {mg} is a Megatron checkpoint (iter_0000001, latest_checkpointed_iteration.txt), not a "
+            "Hugging Face one (no config.json); pass --loader mg (or --load-model-type mg) to read it") in err
+    assert not os.path.exists(tmp_path / "out") and not os.path.exists(tmp_path / "back")
+
+
+def test_rank_files_are_valid_zip_archives_by_default(tmp_path, hf_checkpoint, capsys):
+    # issue 13 item 14: every data record had CRC-32 0, so zipfile.testzip() named archive/data/0 as corrupt
+    import zipfile
+    import zlib
+
+    hf, _ = hf_checkpoint("qwen3")
+    for name, flags in (("copied", []), ("cast", ["--params-dtype", "bf16"]), ("plain", ["--no-zip-crc"])):
+        out = tmp_path / name  # copied: file to file in the kernel; cast: blocks through memory
+        assert main(["convert", "--load-dir", hf, "--save-dir", str(out), "--target-tensor-parallel-size", "2",
+                     "--target-pipeline-parallel-size", "2", "--workers", "3", "--no-progress", *flags]) == 0
+        files = sorted(str(p) for p in out.rglob("model_optim_rng.pt"))
+        assert len(files) == 4
+        for path in files:
+            with zipfile.ZipFile(path) as zf:
+                records = [i for i in zf.infolist() if "/data/" in i.filename and i.file_size]
+                assert len(records) > 10
+                if name == "plain":
+                    assert all(i.CRC == 0 for i in records)
+                    continue
+                assert zf.testzip() is None, path
+                assert all(i.CRC == zlib.crc32(zf.read(i)) != 0 for i in records)
+    capsys.readouterr()

@@ -206,3 +206,52 @@ def test_conversions_refuse_corrupt_and_hostile_inputs(tmp_path):
         convert(mg, str(tmp_path / "out2"), "mg", "hf", ConvertOptions())
     assert not marker.exists()
     assert not os.path.exists(tmp_path / "out1") and not os.path.exists(tmp_path / "out2")
+
+
+def test_garbage_after_a_pickle_header_is_corrupt_not_hostile(tmp_path):
+    # issue 13 item 10: convert died with "KeyError: 213" on such a rank file; then it was called unsafe
+    path = str(tmp_path / "model_optim_rng.pt")
+    with open(path, "wb") as f:
+        f.write(b"\x80\x02" + bytes([213]) * 64)
+    with pytest.raises(CorruptCheckpoint, match=r"model_optim_rng\.pt \(66 bytes\) cannot be read as a torch "
+                                                r"checkpoint: byte 213 where the pickle needs an opcode"):
+        safe_load(path)
+    with open(path, "wb") as f:
+        f.write(b"GARBAGE!" * 8)
+    with pytest.raises(CorruptCheckpoint, match=r"is not a torch checkpoint: it is neither a zip archive"):
+        safe_load(path)
+
+
+@pytest.mark.parametrize("isal", [True, False])
+def test_record_crcs_from_pieces_in_any_order_with_copies_gaps_and_overlaps(tmp_path, monkeypatch, isal):
+    """Pieces written out of order and copied file to file combine into the record's CRC; pieces that do not
+    tile a record (a gap left as zeros, an overlap) fall back to reading it back; zlib alone (no isal) too."""
+    import zlib
+
+    if not isal:
+        monkeypatch.setattr(torch_zip, "_crc32", zlib.crc32)
+        monkeypatch.setattr(torch_zip, "_crc32_combine", None)
+    src = tmp_path / "src.bin"
+    source = os.urandom(4096)
+    src.write_bytes(source)
+    skeleton = {"model": {"a": Slot("a", (256,), "float32"), "b": Slot("b", (64,), "float32"),
+                          "c": Slot("c", (64,), "float32")}}
+    path = str(tmp_path / "m.pt")
+    writer = TorchZipWriter(path, skeleton)
+    fd = os.open(src, os.O_RDONLY)
+    try:
+        writer.write("a", 512, memoryview(source[1024:1536]))  # second half first
+        writer.copy("a", 0, fd, 0, 512)  # first half file to file
+        writer.write("b", 0, memoryview(source[:100]))  # bytes 100..255 never written: zeros
+        writer.write("c", 0, memoryview(source[:256]))
+        writer.write("c", 128, memoryview(source[2000:2128]))  # an overlap: the second write wins
+    finally:
+        os.close(fd)
+    writer.close()
+    with zipfile.ZipFile(path) as zf:
+        assert zf.testzip() is None
+        data = {i.filename.rsplit("/", 1)[-1]: i for i in zf.infolist() if "/data/" in i.filename}
+        assert zf.read(data["0"]) == source[:512] + source[1024:1536]
+        assert zf.read(data["1"]) == source[:100] + bytes(156)
+        assert zf.read(data["2"]) == source[:128] + source[2000:2128]
+        assert all(i.CRC == zlib.crc32(zf.read(i)) for i in data.values())

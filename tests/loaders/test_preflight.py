@@ -40,7 +40,7 @@ def test_heads_groups_and_mlp_vs_tensor_parallel():
                                 "--target-tensor-parallel-size 1, 2, 3, 4, 6 or 12; sizes that fit the heads, "
                                 "query groups and FFN together: 1, 2 or 4")
     (mqa,) = check_tensor_split(heads=8, groups=1, ffn=64, tp=2)
-    assert mqa.code == "groups-vs-tp" and "KV heads cannot be replicated" in str(mqa)
+    assert mqa.code == "groups-vs-tp" and "writes each rank's own KV heads and cannot replicate them" in str(mqa)
     assert str(mqa).endswith("together: 1")
     (ffn,) = check_tensor_split(heads=8, groups=8, ffn=100, tp=8)
     assert ffn.code == "ffn-vs-tp" and "FFN hidden size 100 cannot be split over 8" in str(ffn)
@@ -251,3 +251,29 @@ def test_config_dtype_that_the_tensors_do_not_have_is_noted(tmp_path, hf_checkpo
     (copy / "config.json").write_text(json.dumps(config))
     notes = HFLoader().open(str(copy), ConvertOptions()).notes
     assert any("config.json declares bfloat16 but the tensors are float32" in n for n in notes), notes
+
+
+@pytest.mark.parametrize("target", ["../other/{shard}", "{abs}", "config.json", "sub/../{shard}"])
+def test_index_entries_outside_the_checkpoint_or_of_another_kind_are_refused(tmp_path, hf_checkpoint, capsys, target):
+    # issue 13 item 13: "../../other/model-00001.safetensors" was read silently (another checkpoint's
+    # weights taken as this one's), and "config.json" gave an IndexError traceback
+    from ascend_patch.cli import main
+
+    copy, index = _sharded(tmp_path, hf_checkpoint)
+    other = tmp_path / "other"
+    shutil.copytree(copy, other)
+    key, shard = next(iter(index["weight_map"].items()))
+    name = target.format(shard=shard, abs=str(other / shard))
+    index["weight_map"][key] = name
+    (copy / "model.safetensors.index.json").write_text(json.dumps(index))
+    out = tmp_path / "out"
+    assert main(["convert", "--load-dir", str(copy), "--save-dir", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    path = f"{copy}/model.safetensors.index.json"
+    if name == "config.json":
+        assert (f"{path} lists 'config.json', which is not a .safetensors file: model.safetensors.index.json names "
+                "only .safetensors shards; fix or re-download it") in err
+    else:
+        assert (f"{path} points outside its checkpoint directory ({name!r}); every file of a checkpoint lies in "
+                f"{copy}: fix or re-download model.safetensors.index.json") in err
+    assert "Traceback" not in err and not out.exists()

@@ -155,7 +155,7 @@ def test_heads_query_groups_ffn_experts():
     msg = _message(check_query_groups, 4, 3, num_attention_heads=12)
     assert "4 query groups (KV heads) do not fit 3 tensor-parallel ranks" in msg and "1, 2 or 4" in msg
     msg = _message(check_query_groups, 2, 8, num_attention_heads=16, allow_replication=False)
-    assert "cannot be replicated" in msg and "use --tensor-model-parallel-size 1 or 2" in msg
+    assert "cannot replicate them" in msg and "use --tensor-model-parallel-size 1 or 2" in msg
     assert "16 attention heads cannot form 3 query groups" in _message(check_query_groups, 3, 1, 16)
     assert "FFN hidden size 11008 cannot be split over 3 tensor-parallel ranks" in _message(
         check_ffn_hidden_size, 11008, 3)
@@ -182,3 +182,14 @@ def test_sequence_parallel_remedy_names_tp_when_no_cp_fits():
     msg = _message(check_seq_length, 4096, 4, tp=3, sequence_parallel=True)
     assert "--tensor-model-parallel-size 1, 2, 4, 8, 16 or 32" in msg and "no --sequence-parallel" in msg
     assert "--context-parallel-size" not in msg  # no CP size fits TP=3 with sequence parallelism
+
+
+def test_odd_sequence_under_cp_with_sequence_parallel_names_only_fixes_that_work():
+    # issue 13 item 15: no TP size and no CP size fits an odd length, and dropping --sequence-parallel
+    # still leaves CP's 2 x CP chunks: only the length is advice (was "--tensor-model-parallel-size none")
+    msg = _message(check_seq_length, 4097, 2, tp=2, sequence_parallel=True)
+    assert msg.endswith("it must be a multiple of 4; use --seq-length 4096 or 4100")
+    assert "none" not in msg
+    # even under CP but not a multiple of CP x TP: dropping sequence parallelism fixes it
+    msg = _message(check_seq_length, 4092, 2, tp=8, sequence_parallel=True)
+    assert "--tensor-model-parallel-size 1, 2, 3, 6, 11 or 22, or no --sequence-parallel" in msg
