@@ -62,9 +62,9 @@ class ParallelFlags:
 
 
 TRAINING_FLAGS = ParallelFlags()
-# ascend-patch convert refuses expert-parallel checkpoints, so it has no EP flag to name
 CONVERT_FLAGS = ParallelFlags(tp="--target-tensor-parallel-size", pp="--target-pipeline-parallel-size",
-                              ep=None, vpp="--virtual-pipeline-parallel-size", layer_list="--num-layer-list",
+                              ep="--target-expert-parallel-size", etp="--target-expert-tensor-parallel-size",
+                              vpp="--virtual-pipeline-parallel-size", layer_list="--num-layer-list",
                               first_last=None)
 
 
