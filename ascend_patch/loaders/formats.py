@@ -55,7 +55,7 @@ REGISTER_HINT = ("a plugin adds one by returning a CheckpointLoader / Checkpoint
                  "'ascend_patch'; see docs/convert.md#writing-a-loader-plugin")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: one per stored tensor, tens of thousands for an MoE model
 class TensorInfo:
     """Where one physical tensor's bytes are.
 

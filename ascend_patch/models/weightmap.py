@@ -44,7 +44,7 @@ Shape = tuple[int, ...]
 NAMINGS = ("local", "te", "te_grouped")  # te_grouped: the TE spec with grouped-GEMM experts (TEGroupedMLP)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: an MoE checkpoint has tens of thousands of pieces
 class Piece:
     """``dst[dst_start : dst_start+size] = src[src_start : src_start+size]`` (per dimension).
 
@@ -68,7 +68,7 @@ class Piece:
         return Piece(self.src, src_start, (lo, *self.dst_start[1:]), (hi - lo, *self.size[1:]))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TensorPlan:
     """One physical tensor: its key, shape and the pieces that fill it completely."""
 
