@@ -84,8 +84,9 @@ def moe_layer_spec(config: Any, normalization: str, qk_layernorm: bool, num_expe
     """The family's decoder layer with a mixture-of-experts MLP: megatron-core's router and
     ``SequentialMLP`` experts (``grouped_gemm``: its legacy ``GroupedMLP``) built from local layers.
 
-    ``num_experts`` defaults to the config's (``ModelConfig.num_experts`` or a
-    ``TransformerConfig``'s ``num_moe_experts``).
+    ``num_experts`` defaults to the config's (``ModelConfig.num_experts``, Megatron-LM's
+    ``args.num_experts`` or a ``TransformerConfig``'s ``num_moe_experts``); the config's
+    ``moe_grouped_gemm`` asks for GroupedMLP too.
     """
     import dataclasses
 
@@ -93,10 +94,11 @@ def moe_layer_spec(config: Any, normalization: str, qk_layernorm: bool, num_expe
 
     layer = family_layer_spec(config, normalization, qk_layernorm)
     experts = num_experts or getattr(config, "num_experts", None) or getattr(config, "num_moe_experts", None)
+    grouped = grouped_gemm or bool(getattr(config, "moe_grouped_gemm", False))  # Megatron-LM's --moe-grouped-gemm
     if not experts:
         raise ValueError("an MoE layer spec needs the number of experts (num_experts)")
     mlp = get_moe_module_spec_for_backend(LocalSpecProvider(), num_experts=int(experts),
-                                          moe_grouped_gemm=grouped_gemm, moe_use_legacy_grouped_gemm=grouped_gemm)
+                                          moe_grouped_gemm=grouped, moe_use_legacy_grouped_gemm=grouped)
     layer.submodules = dataclasses.replace(layer.submodules, mlp=mlp, sharded_state_dict_keys_map={
         "input_layernorm.": "self_attention.linear_qkv.layer_norm_"})
     return layer
