@@ -74,6 +74,7 @@ def moe_run(megatron_lm, tmp_path_factory):
     run = megatron_lm.run([
         *model_args, "--spec", "qwen3_moe", "--transformer-impl", "local", "--expert-model-parallel-size", str(EP),
         "--load", str(work / "mg"), "--finetune", "--ckpt-format", "torch",
+        "--save", str(work / "trained"), "--save-interval", "2",
         "--hidden-dropout", "0", "--attention-dropout", "0",
         "--tokenizer-type", "NullTokenizer", "--data-path", str(work / "periodic"), "--split", "100,0,0",
         "--seq-length", str(SEQ), "--micro-batch-size", "1", "--global-batch-size", "2", "--train-iters", "2",
@@ -82,11 +83,11 @@ def moe_run(megatron_lm, tmp_path_factory):
     window = torch.tensor(np.concatenate([pattern, pattern[:1]]))
     with torch.no_grad():
         logits = model(window[None, :-1]).logits[0].double()
-    return run, model_args, logits, window[1:]
+    return run, model_args, logits, window[1:], work
 
 
 def test_the_printed_args_are_the_moe_model(moe_run):
-    _, model_args, _, _ = moe_run
+    _, model_args, _, _, _ = moe_run
     given = dict(zip(model_args, model_args[1:]))
     assert (given["--num-experts"], given["--moe-router-topk"], given["--moe-ffn-hidden-size"]) == ("8", "2", "32")
     assert given["--moe-router-load-balancing-type"] == "aux_loss" and "--qk-layernorm" in model_args
@@ -94,9 +95,40 @@ def test_the_printed_args_are_the_moe_model(moe_run):
 
 
 def test_megatron_lm_loads_the_ep2_checkpoint_and_gives_transformers_loss(moe_run):
-    run, _, logits, labels = moe_run
+    run, _, logits, labels, _ = moe_run
     padded = torch.cat([logits, torch.zeros(SEQ, PADDED - VOCAB, dtype=logits.dtype)], dim=1)
     expected = torch.nn.functional.cross_entropy(padded, labels).item()
     first = run.record(1)["losses"]["lm loss"]
     assert first == pytest.approx(expected, rel=1e-5), first
     assert run.record(2)["losses"]["lm loss"] < first
+
+
+def test_the_checkpoint_megatron_lm_saved_at_ep2_converts_to_hf_and_back_bit_for_bit(moe_run):
+    """Megatron-LM's own legacy save after 2 iterations (mp_rank_00_000/001, optimizer state, no ascend_patch
+    entry): mg -> hf reads each EP rank's local experts, and hf -> mg at EP2 rebuilds every model tensor
+    of Megatron's files exactly (the vocabulary padding excepted: trimmed on export)."""
+    import argparse
+    import os
+
+    _, _, _, _, work = moe_run
+    trained = work / "trained"
+    assert sorted(os.listdir(trained / "iter_0000002")) == ["mp_rank_00_000", "mp_rank_00_001"]
+    hf = work / "trained_hf"
+    _cli("convert", "--loader", "mg", "--saver", "hf", "--load-dir", str(trained), "--save-dir", str(hf),
+         "--true-vocab-size", str(VOCAB), "--verify")
+    _cli("convert", "--loader", "hf", "--saver", "mg", "--target-expert-parallel-size", str(EP), "--load-dir",
+         str(hf), "--save-dir", str(work / "again"))
+    for rank in ("mp_rank_00_000", "mp_rank_00_001"):
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            ours = torch.load(work / "again" / "iter_0000001" / rank / "model_optim_rng.pt", weights_only=True)
+        theirs = torch.load(trained / "iter_0000002" / rank / "model_optim_rng.pt", weights_only=False)
+        mine = {k: v for k, v in ours["model"].items() if isinstance(v, torch.Tensor)}
+        saved = {k: v for k, v in theirs["model"].items() if isinstance(v, torch.Tensor)}
+        assert sorted(mine) == sorted(saved) and len(saved) > 20
+        for key, tensor in saved.items():
+            if key in ("embedding.word_embeddings.weight", "output_layer.weight"):
+                # rows past the true vocabulary are Megatron's padding: trained in its output layer, trimmed on
+                # export, written back as zeros
+                assert torch.equal(mine[key][:VOCAB], tensor[:VOCAB]) and not mine[key][VOCAB:].any(), (rank, key)
+                continue
+            assert torch.equal(mine[key], tensor), (rank, key)
