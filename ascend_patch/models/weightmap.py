@@ -476,6 +476,11 @@ def compose(plan: TensorPlan, source: Mapping[str, list[Piece]]) -> TensorPlan:
         entries = source.get(p.src)
         if not entries:
             raise LayoutError(f"{plan.key} needs {p.src}, which the source checkpoint does not hold")
+        if len(entries) == 1 and not any(entries[0].dst_start) and not any(entries[0].src_start) and all(
+                a + s <= z for a, s, z in zip(p.src_start, p.size, entries[0].size)):
+            # the canonical tensor is one stored tensor as it is (every HF source): rename, no arithmetic
+            out.append(Piece(entries[0].src, p.src_start, p.dst_start, p.size))
+            continue
         got = 0
         for e in entries:
             # e: canonical region [e.dst_start, +e.size) lives in physical e.src at e.src_start.
