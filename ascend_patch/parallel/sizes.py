@@ -111,7 +111,7 @@ def _size_remedy(name: str, flags: ParallelFlags) -> str:
 
 def _ep_fix(flags: ParallelFlags, choices: str) -> str:
     if flags.ep is None:
-        return f"EP {choices} would fit, but ascend-patch convert writes EP=1 checkpoints only"
+        return f"an expert-parallel size of {choices} would fit (this command takes no expert-parallel flag)"
     return f"use {flags.ep} {choices}"
 
 
