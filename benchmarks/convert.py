@@ -1,16 +1,20 @@
 """Conversion throughput and memory against the physical limit (``cp -r`` of the same files), in one run.
 
 A Qwen3-0.6B-shaped bf16 checkpoint (28 layers, hidden 1024, 16 heads / 8 KV heads of 128,
-MLP 3072, vocabulary 151936, tied embeddings: ~0.6 B parameters, ~1.2 GB) is generated as
-random tensors written straight into safetensors shards (no transformers model is built).
-Then, alternating and repeated: ``cp -r`` of the checkpoint, and ``ascend-patch convert``
-hf -> mg at TP1/PP1 and TP2/PP2 in a child process whose peak RSS is taken from wait4().
-Goals: throughput >= 0.5x the copy's, peak RSS <= 25% of the model's size.
+MLP 3072, vocabulary 151936, tied embeddings: ~0.6 B parameters, ~1.2 GB) and a Qwen3-MoE-shaped
+one (16 layers, hidden 512, 64 experts of width 256 per layer, untied: ~0.57 B parameters,
+~1.15 GB) are generated as random tensors written straight into safetensors shards (no
+transformers model is built). Then, alternating and repeated: ``cp -r`` of each checkpoint,
+and ``ascend-patch convert`` hf -> mg (dense: TP1/PP1 and TP2/PP2; MoE: TP1/PP1/EP1 and
+TP2/PP2/EP4) in a child process whose peak RSS is taken from wait4().
+Goals: dense throughput >= 0.5x the copy's and peak RSS <= 25% of the model's size; MoE
+throughput >= 0.8x its copy's (best of runs), peak RSS <= 10% of the model and no larger than
+the dense model's.
 
-    PYTHONPATH=. python benchmarks/convert.py [--repeats 7] [--keep] [--also=--no-zip-crc ...]
+    PYTHONPATH=. python benchmarks/convert.py [--repeats 7] [--keep] [--models dense,moe] [--also=--no-zip-crc ...]
 
-``--also=FLAG`` adds a TP1/PP1 row converted with that flag, measured in the same
-alternating runs, so a setting's cost is a ratio within one run (the CRC-32 fields cost
+``--also=FLAG`` adds, for each model, a TP1/PP1 row converted with that flag, measured in the
+same alternating runs, so a setting's cost is a ratio within one run (the CRC-32 fields cost
 ~1.7x in the streaming phase: compare the default row with ``--also=--no-zip-crc``).
 
 Everything lives in a temporary directory under /tmp, deleted at the end.
@@ -36,6 +40,23 @@ CONFIG = {
     "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}, "tie_word_embeddings": True,
     "attention_bias": False, "dtype": "bfloat16",
 }
+MOE_CONFIG = {
+    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 512, "intermediate_size": 1536,
+    "moe_intermediate_size": 256, "num_experts": 64, "num_experts_per_tok": 8, "norm_topk_prob": True,
+    "decoder_sparse_step": 1, "mlp_only_layers": [], "router_aux_loss_coef": 0.001,
+    "num_hidden_layers": 16, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 64,
+    "vocab_size": 151936, "max_position_embeddings": 40960, "rms_norm_eps": 1e-6, "hidden_act": "silu",
+    "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}, "tie_word_embeddings": False,
+    "attention_bias": False, "dtype": "bfloat16",
+}
+MODELS = {"dense": CONFIG, "moe": MOE_CONFIG}
+# run name -> (model, family, TP, PP, EP); "cp -r <model>" runs are the reference for that model
+CONVERSIONS = {
+    "hf->mg TP1/PP1": ("dense", "qwen3", 1, 1, 1),
+    "hf->mg TP2/PP2": ("dense", "qwen3", 2, 2, 1),
+    "moe hf->mg TP1/PP1/EP1": ("moe", "qwen3_moe", 1, 1, 1),
+    "moe hf->mg TP2/PP2/EP4": ("moe", "qwen3_moe", 2, 2, 4),
+}
 SHARD_BYTES = 400 * 1024 * 1024
 
 
@@ -48,19 +69,35 @@ def _tensors(cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
         out += [(p + "input_layernorm.weight", (h,)), (p + "self_attn.q_proj.weight", (nh * d, h)),
                 (p + "self_attn.k_proj.weight", (ng * d, h)), (p + "self_attn.v_proj.weight", (ng * d, h)),
                 (p + "self_attn.q_norm.weight", (d,)), (p + "self_attn.k_norm.weight", (d,)),
-                (p + "self_attn.o_proj.weight", (h, nh * d)), (p + "post_attention_layernorm.weight", (h,)),
-                (p + "mlp.gate_proj.weight", (f, h)), (p + "mlp.up_proj.weight", (f, h)),
-                (p + "mlp.down_proj.weight", (h, f))]
-    return out + [("model.norm.weight", (h,))]
+                (p + "self_attn.o_proj.weight", (h, nh * d)), (p + "post_attention_layernorm.weight", (h,))]
+        if cfg.get("num_experts"):
+            fe = cfg["moe_intermediate_size"]
+            out.append((p + "mlp.gate.weight", (cfg["num_experts"], h)))
+            for e in range(cfg["num_experts"]):
+                out += [(p + f"mlp.experts.{e}.gate_proj.weight", (fe, h)),
+                        (p + f"mlp.experts.{e}.up_proj.weight", (fe, h)),
+                        (p + f"mlp.experts.{e}.down_proj.weight", (h, fe))]
+        else:
+            out += [(p + "mlp.gate_proj.weight", (f, h)), (p + "mlp.up_proj.weight", (f, h)),
+                    (p + "mlp.down_proj.weight", (h, f))]
+    out.append(("model.norm.weight", (h,)))
+    if not cfg["tie_word_embeddings"]:
+        out.append(("lm_head.weight", (cfg["vocab_size"], h)))
+    return out
 
 
-def generate(path: str) -> int:
+def _model_bytes(cfg: dict) -> int:
+    return sum(2 * __import__("math").prod(s) for _, s in _tensors(cfg))
+
+
+def generate(path: str, model: str = "dense") -> int:
     """Random bf16 tensors written shard by shard (one shard in memory at a time); returns total bytes."""
     import torch
     from safetensors.torch import save_file
 
+    config = MODELS[model]
     os.makedirs(path)
-    specs = _tensors(CONFIG)
+    specs = _tensors(config)
     shards: list[list[tuple[str, tuple[int, ...]]]] = [[]]
     size = 0
     for key, shape in specs:
@@ -84,7 +121,7 @@ def generate(path: str) -> int:
     with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
         json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f)
     with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(CONFIG, f)
+        json.dump(config, f)
     return total
 
 
@@ -117,17 +154,24 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    parser.add_argument("--models", default="dense,moe", help="which checkpoints to measure: dense, moe or both")
     parser.add_argument("--also", action="append", default=[], metavar="FLAG",
-                        help="add a TP1/PP1 row converted with this extra flag (repeatable), e.g. --also=--no-zip-crc")
+                        help="add a TP1/PP1 row per model converted with this extra flag (repeatable), "
+                             "e.g. --also=--no-zip-crc")
     parser.add_argument("--generate-into", help=argparse.SUPPRESS)
+    parser.add_argument("--generate-model", default="dense", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.generate_into:
-        print(generate(args.generate_into))
+        print(generate(args.generate_into, args.generate_model))
         return 0
 
-    model_bytes = sum(2 * __import__("math").prod(s) for _, s in _tensors(CONFIG))
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    unknown = [m for m in models if m not in MODELS]
+    if unknown or not models:
+        parser.error(f"--models takes {', '.join(MODELS)}; got {args.models!r}")
+    sizes = {m: _model_bytes(MODELS[m]) for m in models}
     free = shutil.disk_usage("/tmp").free
-    needed = int(model_bytes * 3.5)
+    needed = int(sum(sizes.values()) + 2.5 * max(sizes.values()))
     if free < needed:
         print(f"need {needed / 1e9:.1f} GB free in /tmp, have {free / 1e9:.1f} GB", file=sys.stderr)
         return 1
@@ -136,62 +180,78 @@ def main() -> int:
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = repo + os.pathsep + env.get("PYTHONPATH", "")
     try:
-        src = os.path.join(root, "hf")
-        t0 = time.perf_counter()
-        # In a child: this process must stay small, since a child's peak RSS counts the parent's at fork.
-        gen = subprocess.run([sys.executable, os.path.abspath(__file__), "--generate-into", src], env=env,
-                             capture_output=True, text=True)
-        if gen.returncode != 0:
-            raise SystemExit(f"generating the checkpoint failed: {gen.stderr[-2000:]}")
-        total = int(gen.stdout.strip().splitlines()[-1])
-        print(f"generated {len(_tensors(CONFIG))} tensors, {total / 1e9:.3f} GB bf16 "
-              f"({total / 2 / 1e9:.3f} B parameters) in {time.perf_counter() - t0:.1f} s")
+        sources = {}
+        for model in models:
+            src = sources[model] = os.path.join(root, f"hf-{model}")
+            t0 = time.perf_counter()
+            # In a child: this process must stay small, since a child's peak RSS counts the parent's at fork.
+            gen = subprocess.run([sys.executable, os.path.abspath(__file__), "--generate-into", src,
+                                  "--generate-model", model], env=env, capture_output=True, text=True)
+            if gen.returncode != 0:
+                raise SystemExit(f"generating the checkpoint failed: {gen.stderr[-2000:]}")
+            total = int(gen.stdout.strip().splitlines()[-1])
+            print(f"generated the {model} model: {len(_tensors(MODELS[model]))} tensors, {total / 1e9:.3f} GB bf16 "
+                  f"({total / 2 / 1e9:.3f} B parameters) in {time.perf_counter() - t0:.1f} s")
         floor_s, floor_rss, _ = timed([sys.executable, "-c", "import ascend_patch.cli, ascend_patch.loaders.engine, "
                                     "ascend_patch.loaders.hf, ascend_patch.loaders.megatron, safetensors, tqdm"], env)
         torch_s, torch_rss, _ = timed([sys.executable, "-c", "import torch"], env)
-        layouts = {"hf->mg TP1/PP1": ("1", "1", []), "hf->mg TP2/PP2": ("2", "2", [])}
-        for flag in args.also:  # e.g. --also=--zip-crc: the same TP1/PP1 conversion with a flag, side by side
-            layouts[f"TP1/PP1 {flag}"] = ("1", "1", [flag])
-        runs: dict[str, list[tuple[float, int, int, float | None]]] = {"cp -r": [], **{k: [] for k in layouts}}
+        plan: dict[str, tuple[str, list[str]]] = {}  # run -> (model, command without --save-dir)
+        for model in models:
+            plan[f"cp -r {model}"] = (model, ["cp", "-r", sources[model]])
+            for name, (m, family, tp, pp, ep) in CONVERSIONS.items():
+                if m == model:
+                    plan[name] = (model, [
+                        sys.executable, "-m", "ascend_patch.cli", "convert", "--load-model-type", "hf",
+                        "--save-model-type", "mg", "--model-type-hf", family, "--load-dir", sources[model],
+                        "--target-tensor-parallel-size", str(tp), "--target-pipeline-parallel-size", str(pp),
+                        *(["--target-expert-parallel-size", str(ep)] if ep > 1 else []), "--no-progress",
+                        "--save-dir"])
+                    if (tp, pp, ep) == (1, 1, 1):  # --also=FLAG: the same conversion with a flag, side by side
+                        for flag in args.also:
+                            plan[f"{name} {flag}"] = (model, [*plan[name][1][:-1], flag, "--save-dir"])
+        runs: dict[str, list[tuple[float, int, int, float | None]]] = {name: [] for name in plan}
         for _ in range(args.repeats):
-            for name in runs:
+            for name, (model, cmd) in plan.items():
                 dst = os.path.join(root, "out")
-                if name == "cp -r":
-                    cmd = ["cp", "-r", src, dst]
-                else:
-                    tp, pp, flags = layouts[name]
-                    cmd = [sys.executable, "-m", "ascend_patch.cli", "convert", "--load-model-type", "hf",
-                           "--save-model-type", "mg", "--model-type-hf", "qwen3", "--load-dir", src,
-                           "--save-dir", dst, "--target-tensor-parallel-size", tp,
-                           "--target-pipeline-parallel-size", pp, "--no-progress", *flags]
                 os.sync()  # every run starts with no dirty pages left by the previous one (writeback would throttle it)
-                seconds, rss, stdout = timed(cmd, env)
+                seconds, rss, stdout = timed([*cmd, dst], env)
                 written = _du(dst)
                 shutil.rmtree(dst)
                 runs[name].append((seconds, rss, written, _write_phase(stdout)))
         print(f"\ninterpreter floor (python + the converter's imports, no torch): peak RSS {floor_rss / 1e6:.0f} MB, "
               f"{floor_s:.2f} s; for scale, `import torch` alone: {torch_rss / 1e6:.0f} MB, {torch_s:.2f} s")
-        print(f"{'run':<22} {'written GB':>10} {'best s':>7} {'x cp':>5} {'median s':>9} {'x cp':>5} "
+        w = max(len(n) for n in plan)
+        print(f"{'run':<{w}} {'written GB':>10} {'best s':>7} {'x cp':>5} {'median s':>9} {'x cp':>5} "
               f"{'stream s':>9} {'x cp':>5} {'peak RSS MB':>12} {'RSS/model':>10}")
-        cp_best = cp_median = None
+        cp: dict[str, tuple[float, float]] = {}
+        peak: dict[str, int] = {}
         for name, samples in runs.items():
+            model = plan[name][0]
             times = [s for s, _, _, _ in samples]
             best, median = min(times), statistics.median(times)
             rss = max(r for _, r, _, _ in samples)
             written = samples[0][2]
             phases = [p for *_, p in samples if p is not None]
             stream = min(phases) if phases else best
-            cp_best = cp_best or written / best
-            cp_median = cp_median or written / median
-            print(f"{name:<22} {written / 1e9:>10.3f} {best:>7.2f} {written / best / cp_best:>5.2f} {median:>9.2f} "
+            if name.startswith("cp -r"):
+                cp[model] = (written / best, written / median)
+            else:
+                peak[model] = max(peak.get(model, 0), rss)
+            cp_best, cp_median = cp[model]
+            print(f"{name:<{w}} {written / 1e9:>10.3f} {best:>7.2f} {written / best / cp_best:>5.2f} {median:>9.2f} "
                   f"{written / median / cp_median:>5.2f} {stream:>9.2f} {written / stream / cp_best:>5.2f} "
-                  f"{rss / 1e6:>12.0f} {rss / model_bytes:>9.1%}")
-        print("\n'x cp' is throughput (bytes written per second) over the copy's. 'best' and 'median' are over the "
-              f"{args.repeats} alternating runs of each (a shared virtual machine only ever slows a run down, so the "
-              "best is the least disturbed); end to end includes interpreter start, imports, plugin discovery and "
-              "preflight. 'stream s' is the converter's own figure for its streaming phase (best run).")
-        print(f"\nmodel size {model_bytes / 1e9:.3f} GB; goals: >= 0.50x cp throughput, peak RSS <= 25% of model size "
-              f"({0.25 * model_bytes / 1e6:.0f} MB)")
+                  f"{rss / 1e6:>12.0f} {rss / sizes[model]:>9.1%}")
+        print("\n'x cp' is throughput (bytes written per second) over the copy's of the same model. 'best' and "
+              f"'median' are over the {args.repeats} alternating runs of each (a shared virtual machine only ever slows "
+              "a run down, so the best is the least disturbed); end to end includes interpreter start, imports, plugin "
+              "discovery and preflight. 'stream s' is the converter's own figure for its streaming phase (best run).")
+        for model in models:
+            print(f"{model} model size {sizes[model] / 1e9:.3f} GB; peak RSS of its conversions "
+                  f"{peak.get(model, 0) / 1e6:.0f} MB")
+        print(f"goals: dense >= 0.50x cp throughput and peak RSS <= 25% of its size; MoE >= 0.80x cp (best of runs), "
+              "peak RSS <= 10% of its size and <= the dense model's")
+        if "dense" in peak and "moe" in peak:
+            print(f"MoE peak RSS / dense peak RSS: {peak['moe'] / peak['dense']:.2f}")
     finally:
         if args.keep:
             print(f"kept {root}")

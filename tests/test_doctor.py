@@ -25,7 +25,7 @@ def test_doctor_on_this_machine(tmp_path):
     assert "import torch    ok" in out
     assert "target (auto)   cpu: torch_npu is not installed; the cpu target runs everything on the host" in out
     assert "plugins         device (builtin): patches\n" in out
-    assert "                models (builtin): spec gpt, spec llama, spec qwen2, spec qwen3\n" in out
+    assert "                models (builtin): spec gpt, spec llama, spec mixtral, spec qwen2, spec qwen3, spec qwen3_moe\n" in out
     assert "                loaders (builtin): loader hf, loader mg, saver hf, saver mg\n" in out
     assert "plugin failure" not in out
 

@@ -4,9 +4,10 @@ The legacy ``torch`` format stores one file per (TP, PP[, EP]) rank, in
 ``mp_rank_TT[_PPP][_EEE]/``, holding ``model`` (or ``model0``, ``model1``, ... with
 virtual pipeline stages); Megatron loads it only at the layout it was saved with. A
 dense checkpoint at another TP / PP / VPP is re-sharded with ``ascend-patch convert``
-(mg -> mg), and the command printed here is one that runs. The converter refuses
-expert-parallel (MoE) checkpoints, so for those no command is printed: the remedy is to
-launch at the saved sizes, or to have Megatron-LM rewrite the checkpoint in the
+(mg -> mg), and the command printed here is one that runs. An expert-parallel (MoE)
+checkpoint is re-sharded the same way (``--target-expert-parallel-size``) when the launch's
+expert-TP equals its TP, the only expert-TP the legacy layout holds; otherwise the remedy
+is to launch at the saved sizes, or to have Megatron-LM rewrite the checkpoint in the
 ``torch_dist`` format, which megatron-core re-shards on load.
 """
 
@@ -23,21 +24,25 @@ from .probe import CheckpointLayout
 __all__ = ["checkpoint_findings", "convert_command", "resharded_dir", "saved_stages"]
 
 
-def resharded_dir(load_dir: str, tp: int, pp: int, vpp: int = 1) -> str:
+def resharded_dir(load_dir: str, tp: int, pp: int, vpp: int = 1, ep: int | None = None) -> str:
     """Where :func:`convert_command` writes the re-sharded checkpoint."""
-    return f"{load_dir.rstrip('/')}_tp{tp}_pp{pp}" + (f"_vpp{vpp}" if vpp > 1 else "")
+    return (f"{load_dir.rstrip('/')}_tp{tp}_pp{pp}" + (f"_vpp{vpp}" if vpp > 1 else "")
+            + (f"_ep{ep}" if ep is not None else ""))
 
 
 def convert_command(load_dir: str, tp: int, pp: int, vpp: int | None = None,
-                    num_layer_list: list[int] | tuple[int, ...] | None = None) -> str:
-    """The ``ascend-patch convert`` command that re-shards a dense Megatron checkpoint to TP/PP(/VPP).
+                    num_layer_list: list[int] | tuple[int, ...] | None = None, ep: int | None = None) -> str:
+    """The ``ascend-patch convert`` command that re-shards a Megatron checkpoint to TP/PP(/VPP)(/EP).
 
-    ``vpp`` is written whenever given (``1`` turns the saved chunks back into one ``model``).
+    ``vpp`` is written whenever given (``1`` turns the saved chunks back into one ``model``);
+    ``ep`` likewise for an MoE checkpoint (``1`` puts every expert in each file).
     """
-    save_dir = resharded_dir(load_dir, tp, pp, vpp or 1)
+    save_dir = resharded_dir(load_dir, tp, pp, vpp or 1, ep)
     parts = ["ascend-patch", "convert", "--load-model-type", "mg", "--save-model-type", "mg",
              "--load-dir", load_dir, "--save-dir", save_dir,
              "--target-tensor-parallel-size", str(tp), "--target-pipeline-parallel-size", str(pp)]
+    if ep is not None:
+        parts += ["--target-expert-parallel-size", str(ep)]
     if vpp is not None:
         parts += ["--virtual-pipeline-parallel-size", str(vpp)]
     if num_layer_list:
@@ -108,13 +113,14 @@ def _is_expert(ckpt: CheckpointLayout, launch: Layout) -> bool:
     return (ckpt.ep or 1) > 1 or launch.ep > 1 or bool(ckpt.args.get("num_experts"))
 
 
-def _expert_remedy(ckpt: CheckpointLayout) -> str:
+def _expert_remedy(ckpt: CheckpointLayout, launch: Layout) -> str:
     saved = f"--tensor-model-parallel-size {ckpt.tp or 1} --pipeline-model-parallel-size {ckpt.pp or 1} " \
             f"--expert-model-parallel-size {ckpt.ep or 1}"
     if (ckpt.vpp or 1) > 1:
         saved += f" --num-virtual-stages-per-pipeline-rank {ckpt.vpp}"
     dist_dir = f"{ckpt.path.rstrip('/')}_dist"
-    return (f"ascend-patch convert cannot re-shard expert-parallel (MoE) checkpoints (it refuses them). Launch "
+    return (f"ascend-patch convert writes expert-parallel (MoE) checkpoints only with expert-TP = TP (the legacy "
+            f"layout names files by TP rank), and the launch has expert-TP {launch.etp} with TP {launch.tp}. Launch "
             f"with the saved sizes ({saved}), or let Megatron-LM rewrite it in the torch_dist format, which "
             f"megatron-core re-shards on load: run your training script once at the saved sizes with "
             f"--load {shlex.quote(ckpt.path)} --ckpt-convert-format torch_dist --ckpt-convert-save "
@@ -146,8 +152,10 @@ def checkpoint_findings(ckpt: CheckpointLayout, launch: Layout,
     if not differs and not placement:
         return errors, notes
     vpp_flag = launch.vpp if (ckpt.vpp or 1) > 1 or launch.vpp > 1 else None
-    command = convert_command(ckpt.path, launch.tp, launch.pp, vpp_flag, layer_list)
-    then = shlex.quote(resharded_dir(ckpt.path, launch.tp, launch.pp, launch.vpp))
+    expert = _is_expert(ckpt, launch)
+    ep_flag = launch.ep if expert else None
+    command = convert_command(ckpt.path, launch.tp, launch.pp, vpp_flag, layer_list, ep_flag)
+    then = shlex.quote(resharded_dir(ckpt.path, launch.tp, launch.pp, launch.vpp, ep_flag))
     if placement:
         head = (f"this checkpoint places layers {','.join(map(str, stages or []))} on its {ckpt.pp} pipeline "
                 f"stages but the launch places {','.join(map(str, launch_stages or []))}. ")
@@ -157,8 +165,8 @@ def checkpoint_findings(ckpt: CheckpointLayout, launch: Layout,
         head = (f"this checkpoint was saved with {what} but you are launching {now}: the torch format cannot be "
                 f"re-sharded on load ({_what_differs(ckpt, launch, stages, launch_stages)}). ")
     code = "checkpoint-placement" if placement else "checkpoint-layout"
-    if _is_expert(ckpt, launch):
-        errors.append(Finding(code, head.rstrip(), _expert_remedy(ckpt)))
+    if expert and launch.etp != launch.tp:
+        errors.append(Finding(code, head.rstrip(), _expert_remedy(ckpt, launch)))
         return errors, notes
     errors.append(Finding(code, head.rstrip(), f"Re-shard it first:\n      {command}\n    then launch with --load {then}"))
     if layer_list and (flags := training_split_flags(layer_list)):

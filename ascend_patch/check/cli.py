@@ -6,7 +6,7 @@ parallel sizes (Megatron's flag names), optionally the model (``--hf-config``, o
 (``--load``), it prints who holds which TP/CP/EP/DP/PP coordinate and everything that
 would fail after launch: sizes that do not fit the world or the model, and a
 checkpoint saved with other TP/PP/EP/VPP (with the ``ascend-patch convert`` command that
-re-shards it, or, for expert-parallel checkpoints the converter refuses, what to do
+re-shards it, or, for an expert-TP the legacy layout cannot hold, what to do
 instead; see :mod:`.checkpoint`). Exit status 1 when there are errors.
 """
 

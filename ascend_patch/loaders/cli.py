@@ -45,6 +45,14 @@ def add_convert_arguments(p: argparse.ArgumentParser) -> None:
     par = p.add_argument_group("target layout (mg)")
     par.add_argument("--target-tensor-parallel-size", type=int, default=1)
     par.add_argument("--target-pipeline-parallel-size", type=int, default=1)
+    par.add_argument("--target-expert-parallel-size", type=int, default=1,
+                     help="MoE models: expert-parallel ranks the experts are split over (mp_rank_TT[_PPP]_EEE)")
+    par.add_argument("--target-expert-tensor-parallel-size", type=int, default=None,
+                     help="MoE models: tensor-parallel size inside each expert (default and only value the legacy "
+                     "layout holds: the TP size)")
+    par.add_argument("--moe-grouped-gemm", action="store_true",
+                     help="MoE models with --saver-transformer-impl transformer_engine: TEGroupedMLP keys "
+                     "(mlp.experts.linear_fc1.weight0..); default SequentialMLP (mlp.experts.local_experts.N.*)")
     par.add_argument("--virtual-pipeline-parallel-size", "--virtual-pipeline-model-parallel-size", type=int,
                      default=None, dest="vpp", help="model chunks per pipeline rank (interleaved schedule)")
     par.add_argument("--num-layers-per-virtual-pipeline-stage", type=int, default=None,
@@ -105,11 +113,16 @@ def options_from_args(args: argparse.Namespace) -> Any:
         extra["zip_crc"] = False
     if args.num_layers_per_virtual_pipeline_stage:
         extra["layers_per_virtual_stage"] = args.num_layers_per_virtual_pipeline_stage
+    naming = "te" if args.transformer_impl in ("te", "transformer_engine") else "local"
+    if args.moe_grouped_gemm:
+        extra["moe_grouped_gemm"] = True
+        naming = "te_grouped" if naming == "te" else naming
     return ConvertOptions(
         target_tp=args.target_tensor_parallel_size, target_pp=args.target_pipeline_parallel_size,
+        target_ep=args.target_expert_parallel_size, target_etp=args.target_expert_tensor_parallel_size,
         target_vpp=args.vpp or 1, num_layer_list=args.num_layer_list,
         make_vocab_size_divisible_by=args.make_vocab_size_divisible_by, params_dtype=args.params_dtype,
-        naming="te" if args.transformer_impl in ("te", "transformer_engine") else "local", model_type_hf=family,
+        naming=naming, model_type_hf=family,
         true_vocab_size=args.true_vocab_size, max_shard_size=parse_size(args.max_shard_size),
         iteration=args.iteration, force=args.force, verify=args.verify, progress=args.progress,
         workers=args.workers, extra=extra)

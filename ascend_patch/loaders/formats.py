@@ -55,7 +55,7 @@ REGISTER_HINT = ("a plugin adds one by returning a CheckpointLoader / Checkpoint
                  "'ascend_patch'; see docs/convert.md#writing-a-loader-plugin")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: one per stored tensor, tens of thousands for an MoE model
 class TensorInfo:
     """Where one physical tensor's bytes are.
 
@@ -167,10 +167,12 @@ class ConvertOptions:
     target_tp: int = 1
     target_pp: int = 1
     target_vpp: int = 1
+    target_ep: int = 1  # expert-parallel ranks of an MoE model's mg output
+    target_etp: int | None = None  # expert tensor-parallel size (None: TP, the only one the legacy layout holds)
     num_layer_list: tuple[int, ...] | None = None
     make_vocab_size_divisible_by: int = 128
     params_dtype: str | None = None  # None: keep the source dtype
-    naming: str = "local"  # the saver's key naming: "local" or "te"
+    naming: str = "local"  # the saver's key naming: "local", "te" or "te_grouped" (TE, grouped-GEMM experts)
     model_type_hf: str | None = None
     true_vocab_size: int | None = None
     max_shard_size: int = 5 * 1024**3

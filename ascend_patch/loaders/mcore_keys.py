@@ -62,11 +62,12 @@ def _process_group() -> Iterator[None]:
 def _cfg_key(cfg: ModelConfig) -> tuple:
     return (cfg.hidden_size, cfg.ffn_hidden_size, cfg.num_attention_heads, cfg.num_query_groups, cfg.kv_channels,
             cfg.add_qkv_bias, cfg.qk_layernorm, cfg.tie_word_embeddings, cfg.normalization, cfg.activation,
-            cfg.max_position_embeddings, cfg.rotary_base)
+            cfg.max_position_embeddings, cfg.rotary_base, cfg.num_experts, cfg.moe_ffn_hidden_size)
 
 
 @lru_cache(maxsize=64)
-def _build(cfg_key: tuple, layers: int, pre: bool, post: bool, tp: int, padded_vocab: int) -> tuple[tuple[str, Shape | None], ...]:
+def _build(cfg_key: tuple, layers: int, pre: bool, post: bool, tp: int, padded_vocab: int,
+           ep: int = 1, grouped: bool = False) -> tuple[tuple[str, Shape | None], ...]:
     import torch
     import torch.nn.functional as F
     from megatron.core.models.gpt import GPTModel
@@ -74,8 +75,10 @@ def _build(cfg_key: tuple, layers: int, pre: bool, post: bool, tp: int, padded_v
     from megatron.core.process_groups_config import ProcessGroupCollection
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    (hidden, ffn, heads, groups, kv, qkv_bias, qk_norm, tied, norm, act, max_pos, theta) = cfg_key
-    config = TransformerConfig(
+    (hidden, ffn, heads, groups, kv, qkv_bias, qk_norm, tied, norm, act, max_pos, theta, experts, expert_ffn) = cfg_key
+    moe = dict(num_moe_experts=experts, moe_ffn_hidden_size=expert_ffn, expert_model_parallel_size=ep,
+               moe_grouped_gemm=grouped) if experts else {}
+    config = TransformerConfig(**moe,
         num_layers=max(layers, 1), hidden_size=hidden, ffn_hidden_size=ffn, num_attention_heads=heads,
         num_query_groups=groups, kv_channels=kv, gated_linear_unit=act == "swiglu",
         activation_func=F.silu if act == "swiglu" else F.gelu, add_bias_linear=False, add_qkv_bias=qkv_bias,
@@ -86,8 +89,18 @@ def _build(cfg_key: tuple, layers: int, pre: bool, post: bool, tp: int, padded_v
     groups_pc.pp = _ReportedGroup(1, 0)
     groups_pc.cp = _ReportedGroup(1, 0)
     groups_pc.embd = None
+    if experts:  # expert-TP = TP in the legacy layout; this rank is EP rank 0 (every EP rank has the same keys)
+        groups_pc.ep = _ReportedGroup(ep, 0)
+        groups_pc.expt_tp = _ReportedGroup(tp, 0)
+        groups_pc.tp_ep = _ReportedGroup(tp * ep, 0)
+        groups_pc.expt_dp = _ReportedGroup(1, 0)
+        groups_pc.tp_cp = _ReportedGroup(tp, 0)
+        groups_pc.dp = _ReportedGroup(1, 0)
+        groups_pc.tp_dp_cp = _ReportedGroup(tp, 0)
+    spec = get_gpt_layer_local_spec(num_experts=experts, moe_grouped_gemm=grouped, qk_layernorm=qk_norm,
+                                    normalization=norm)
     with _process_group(), torch.device("meta"):
-        model = GPTModel(config, get_gpt_layer_local_spec(qk_layernorm=qk_norm, normalization=norm),
+        model = GPTModel(config, spec,
                          vocab_size=padded_vocab, max_sequence_length=max_pos, pre_process=pre, post_process=post,
                          share_embeddings_and_output_weights=tied, position_embedding_type="rope",
                          rotary_base=int(theta) if float(theta).is_integer() else theta, pg_collection=groups_pc)
@@ -100,14 +113,31 @@ def _build(cfg_key: tuple, layers: int, pre: bool, post: bool, tp: int, padded_v
     return tuple(out)
 
 
-def te_names(state: dict[str, Shape | None]) -> dict[str, Shape | None]:
-    """The TE-spec spelling of a local-spec state dict (see the module docstring)."""
+_EXPERT = re.compile(r"(decoder\.layers\.\d+\.mlp\.experts\.)local_experts\.(\d+)\.(linear_fc[12])\.(weight|_extra_state)$")
+
+
+def te_names(state: dict[str, Shape | None], grouped: bool = False) -> dict[str, Shape | None]:
+    """The TE-spec spelling of a local-spec state dict (see the module docstring).
+
+    A dense layer's pre-MLP norm folds into ``mlp.linear_fc1``; an MoE layer's stays
+    ``pre_mlp_layernorm`` (megatron-core folds it only in front of a dense MLP). ``grouped``:
+    the experts as TEGroupedMLP names them (``mlp.experts.linear_fc1.weight{x}``, one
+    ``_extra_state`` per grouped linear) instead of SequentialMLP's ``local_experts.{x}``.
+    """
     out: dict[str, Shape | None] = {}
     for key, shape in state.items():
         m = re.match(r"(decoder\.layers\.\d+\.)(input_layernorm|pre_mlp_layernorm)\.weight$", key)
-        if m:
+        if m and (m.group(2) == "input_layernorm" or f"{m.group(1)}mlp.linear_fc1.weight" in state):
             target = "self_attention.linear_qkv" if m.group(2) == "input_layernorm" else "mlp.linear_fc1"
             out[f"{m.group(1)}{target}.layer_norm_weight"] = shape
+            continue
+        e = _EXPERT.match(key) if grouped else None
+        if e:
+            prefix, x, linear, what = e.groups()
+            if what == "weight":
+                out[f"{prefix}{linear}.weight{x}"] = shape
+            else:
+                out[f"{prefix}{linear}._extra_state"] = None
             continue
         out[key] = shape
         m = re.match(r"(decoder\.layers\.\d+\.)self_attention\.linear_proj\._extra_state$", key)
@@ -121,5 +151,5 @@ def megatron_expected_state(cfg: ModelConfig, layout: Layout, pp_rank: int, vp: 
     """Keys (and shapes; None for ``_extra_state``) megatron-core's GPTModel has for this chunk."""
     layers = len(layout.layers(pp_rank, vp))
     state = dict(_build(_cfg_key(cfg), layers, layout.is_first(pp_rank, vp), layout.is_last(pp_rank, vp),
-                        layout.tp, padded_vocab or cfg.vocab_size))
-    return te_names(state) if naming == "te" else state
+                        layout.tp, padded_vocab or cfg.vocab_size, layout.ep if cfg.is_moe else 1))
+    return te_names(state, grouped=naming == "te_grouped") if naming in ("te", "te_grouped") else state

@@ -11,6 +11,7 @@ that makes mg -> hf exact; the loader reads checkpoints without it (Megatron-LM'
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections import Counter
@@ -28,7 +29,7 @@ from .formats import CheckpointLoader, CheckpointSaver, ConvertOptions, SourceCh
 from .megatron_args import build_args, config_from_args
 from .megatron_layout import (RANK_FILE, RELEASE, TRACKER, chunk_names, is_distributed, iteration_dir, iteration_of,
                               parse_rank_dir, rank_coordinates, rank_dir, read_tracker)
-from .preflight import check_pipeline_split, check_tensor_split, check_tensors, check_vocab
+from .preflight import check_expert_split, check_pipeline_split, check_tensor_split, check_tensors, check_vocab
 from .resolve import resolve_family, weight_map_for
 
 __all__ = ["MegatronLoader", "MegatronSaver"]
@@ -39,6 +40,9 @@ def _chunk_names(state: Mapping[str, Any], path: str) -> list[str]:
     if not names:
         raise CorruptCheckpoint(f"{path} holds no 'model' or 'model0..' state dict (keys: {', '.join(sorted(state))})")
     return names
+
+
+_GROUPED = re.compile(r"\.mlp\.experts\.linear_fc1\.weight\d+$")  # TEGroupedMLP's per-expert weights
 
 
 def _layers_in(keys: Any) -> int:
@@ -58,25 +62,29 @@ class MegatronLoader(CheckpointLoader):
         from .torch_io import safe_load, tensor_infos
 
         root, iteration = self._locate(path)
-        ranks: dict[tuple[int, int], str] = {}
-        for entry in sorted(os.listdir(root)):
-            parts = parse_rank_dir(entry)
-            if parts is None:
-                continue
-            if parts[2] is not None:
-                raise CorruptCheckpoint(f"{root}/{entry}: expert-parallel checkpoints (EP > 1) are not supported")
-            t, p, _ = rank_coordinates(parts)
-            ranks[(t, p)] = os.path.join(root, entry, RANK_FILE)
-        if not ranks:
+        parsed = {entry: parts for entry in sorted(os.listdir(root)) if (parts := parse_rank_dir(entry)) is not None}
+        if not parsed:
             raise CorruptCheckpoint(f"{root} holds no mp_rank_* directories")
-        tp = 1 + max(t for t, _ in ranks)
-        pp = 1 + max(p for _, p in ranks)
+        stated_pp = stated_ep = None
+        if any(parts[1] is not None and parts[2] is None for parts in parsed.values()):
+            # mp_rank_TT_NNN is PP or EP: the saved args say which (see megatron_layout)
+            first_file = os.path.join(root, next(iter(parsed)), RANK_FILE)
+            if os.path.isfile(first_file):
+                first_args = safe_load(first_file).get("args")
+                stated_pp = getattr(first_args, "pipeline_model_parallel_size", None)
+                stated_ep = getattr(first_args, "expert_model_parallel_size", None)
+        ranks: dict[tuple[int, int, int], str] = {}
+        for entry, parts in parsed.items():
+            ranks[rank_coordinates(parts, stated_pp, stated_ep)] = os.path.join(root, entry, RANK_FILE)
+        tp = 1 + max(t for t, _, _ in ranks)
+        pp = 1 + max(p for _, p, _ in ranks)
+        ep = 1 + max(e for _, _, e in ranks)
         problems: list[Finding] = []
-        absent = [(t, p) for t in range(tp) for p in range(pp) if (t, p) not in ranks]
+        absent = [k for k in ((t, p, e) for t in range(tp) for p in range(pp) for e in range(ep)) if k not in ranks]
         if absent:
-            raise CorruptCheckpoint(f"{root}: rank directories missing for (tp, pp) {absent} of a TP {tp} x PP {pp} "
-                                    "checkpoint")
-        states: dict[tuple[int, int], Any] = {}
+            raise CorruptCheckpoint(f"{root}: rank directories missing for (tp, pp, ep) {absent} of a TP {tp} x "
+                                    f"PP {pp} x EP {ep} checkpoint")
+        states: dict[tuple[int, int, int], Any] = {}
         for key, file in ranks.items():
             if not os.path.isfile(file):
                 raise CorruptCheckpoint(f"{file} does not exist")
@@ -84,25 +92,28 @@ class MegatronLoader(CheckpointLoader):
             if not isinstance(state, dict):
                 raise CorruptCheckpoint(f"{file} does not hold a checkpoint dict")
             states[key] = state
-        first = states[(0, 0)]
+        first = states[(0, 0, 0)]
         args = first.get("args")
         if args is None:
-            raise CorruptCheckpoint(f"{ranks[(0, 0)]} has no 'args'; cannot tell the model's sizes")
+            raise CorruptCheckpoint(f"{ranks[(0, 0, 0)]} has no 'args'; cannot tell the model's sizes")
         meta = first.get("ascend_patch") if isinstance(first.get("ascend_patch"), dict) else {}
-        chunks = _chunk_names(first, ranks[(0, 0)])
+        chunks = _chunk_names(first, ranks[(0, 0, 0)])
         vpp = len(chunks)
         counts = []
         for v in range(vpp):
             for p in range(pp):
-                counts.append(_layers_in(states[(0, p)][chunks[v]].keys()))
-        layout = Layout(tp=tp, pp=pp, vpp=vpp, layer_counts=tuple(counts))
-        for name, value in (("tensor_model_parallel_size", tp), ("pipeline_model_parallel_size", pp)):
+                counts.append(_layers_in(states[(0, p, 0)][chunks[v]].keys()))
+        layout = Layout(tp=tp, pp=pp, vpp=vpp, dp=math.lcm(tp, tp * ep) // tp, ep=ep, layer_counts=tuple(counts))
+        for name, value in (("tensor_model_parallel_size", tp), ("pipeline_model_parallel_size", pp),
+                            ("expert_model_parallel_size", ep)):
             stated = getattr(args, name, None)
             if stated is not None and int(stated) != value:
                 problems.append(Finding("args-vs-files", f"args.{name} is {stated} but {root} holds {value}",
                                         "the files win; check how this checkpoint was produced"))
         any_keys = [k for st in states.values() for c in _chunk_names(st, "") for k in st[c]]
         naming = "te" if any(k.endswith("layer_norm_weight") for k in any_keys) else "local"
+        if any(_GROUPED.search(k) for k in any_keys):
+            naming = "te_grouped" if naming == "te" else naming
         base = meta.get("hf_config") if isinstance(meta.get("hf_config"), dict) else None
         hint = meta.get("family")
         if hint is None and not options.model_type_hf and not base and not options.extra.get("family_hint"):
@@ -126,7 +137,7 @@ class MegatronLoader(CheckpointLoader):
                                     "the checkpoint is incomplete or its stored config belongs to another model; "
                                     "re-convert or re-save it"))
         if padded is None:
-            emb = states[(0, 0)][chunks[0]].get("embedding.word_embeddings.weight")
+            emb = states[(0, 0, 0)][chunks[0]].get("embedding.word_embeddings.weight")
             padded = int(emb.shape[0]) * tp if emb is not None else cfg.vocab_size
         problems += check_vocab(cfg.vocab_size, int(getattr(args, "make_vocab_size_divisible_by", 1) or 1), tp,
                                 int(padded))
@@ -134,9 +145,9 @@ class MegatronLoader(CheckpointLoader):
         tensors: dict[str, Any] = {}
         plans: dict[str, TensorPlan] = {}
         inventory: dict[str, dict[str, tuple[int, ...] | None]] = {}
-        for (t, p), file in sorted(ranks.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        for (t, p, ep_rank), file in sorted(ranks.items(), key=lambda kv: (kv[0][1], kv[0][0], kv[0][2])):
             rel = os.path.relpath(file, path)
-            state = states[(t, p)]
+            state = states[(t, p, ep_rank)]
             names = _chunk_names(state, file)
             if len(names) != vpp:
                 problems.append(Finding("vpp-mismatch", f"{rel} holds {len(names)} model chunks, rank 0 holds {vpp}",
@@ -148,7 +159,7 @@ class MegatronLoader(CheckpointLoader):
                 where = f"{rel} [{chunk}]"
                 inventory[f"{rel}#{chunk}"] = {k: (i.shape if i is not None else None) for k, i in infos.items()}
                 try:
-                    entries = wm.megatron_chunk(layout, t, p, v, naming, int(padded))
+                    entries = wm.megatron_chunk(layout, t, p, v, naming, int(padded), ep_rank=ep_rank)
                 except LayoutError as exc:
                     problems.append(Finding("layout", f"{where}: {exc}"))
                     continue
@@ -205,16 +216,20 @@ class MegatronSaver(CheckpointSaver):
         from .torch_zip import Slot
 
         cfg = source.config
-        tp, pp = options.target_tp, options.target_pp
+        tp, pp, ep = options.target_tp, options.target_pp, options.target_ep
         vpp = options.target_vpp
         problems = check_pipeline_split(cfg.num_layers, pp, vpp, options.num_layer_list)
-        problems += check_tensor_split(cfg.num_attention_heads, cfg.num_query_groups, cfg.ffn_hidden_size, tp)
+        # an MoE model's dense FFN size (intermediate_size) is not built: its experts' size is checked below
+        problems += check_tensor_split(cfg.num_attention_heads, cfg.num_query_groups,
+                                       tp if cfg.is_moe else cfg.ffn_hidden_size, tp)
+        problems += check_expert_split(cfg.num_experts, cfg.moe_ffn_hidden_size, tp, ep, options.target_etp,
+                                       bool(options.extra.get("moe_grouped_gemm")), options.naming)
         problems += check_vocab(cfg.vocab_size, options.make_vocab_size_divisible_by, tp)
-        if options.naming not in ("local", "te"):
+        if options.naming not in ("local", "te", "te_grouped"):
             problems.append(Finding("naming", f"unknown key naming {options.naming!r}", "use local or transformer_engine"))
         if problems:
             return TargetPlan(files=[], problems=problems)
-        layout = Layout.build(cfg.num_layers, tp, pp, vpp, options.num_layer_list)
+        layout = Layout.build(cfg.num_layers, tp, pp, vpp, options.num_layer_list, ep=ep)
         padded = padded_vocab_size(cfg.vocab_size, options.make_vocab_size_divisible_by, tp)
         dtype = canonical_dtype(options.params_dtype) if options.params_dtype else source.dtype
         iteration: int | str = options.iteration if options.iteration is not None else (
@@ -227,21 +242,21 @@ class MegatronSaver(CheckpointSaver):
                 "naming": options.naming, "layer_counts": list(layout.layer_counts)}
         files = []
         wm = source.weight_map
-        for t, p in layout.ranks():
-            rel = f"{iteration_dir(iteration)}/{rank_dir(t, p, pp=pp)}/{RANK_FILE}"
+        for t, p, e in layout.rank_files():
+            rel = f"{iteration_dir(iteration)}/{rank_dir(t, p, e, pp=pp, ep=ep)}/{RANK_FILE}"
             obj: dict[str, Any] = {"args": args, "checkpoint_version": 3.0,
                                    "iteration": 0 if iteration == RELEASE else iteration}
             plans: list[TensorPlan] = []
             for v in range(layout.vpp):
                 chunk = "model" if layout.vpp == 1 else f"model{v}"
                 state: dict[str, Any] = {}
-                for e in wm.megatron_chunk(layout, t, p, v, options.naming, padded):
-                    if isinstance(e, ExtraState):
-                        state[e.key] = None
+                for entry in wm.megatron_chunk(layout, t, p, v, options.naming, padded, ep_rank=e):
+                    if isinstance(entry, ExtraState):
+                        state[entry.key] = None
                         continue
-                    sid = f"{chunk}/{e.key}"
-                    state[e.key] = Slot(sid, e.shape, dtype)
-                    plans.append(TensorPlan(sid, e.shape, e.pieces, e.rule))
+                    sid = f"{chunk}/{entry.key}"
+                    state[entry.key] = Slot(sid, entry.shape, dtype)
+                    plans.append(TensorPlan(sid, entry.shape, entry.pieces, entry.rule))
                 obj[chunk] = state
             obj["ascend_patch"] = meta
             files.append(TargetFile(relpath=rel, format="torch", tensors=plans, dtype=dtype, skeleton=obj))

@@ -33,7 +33,7 @@ def build_args(cfg: ModelConfig, layout: Layout, *, padded_vocab: int, divisor: 
     vpp = layout.vpp if layout.vpp > 1 else None
     return argparse.Namespace(
         model_type="GPT", use_legacy_models=False, use_mcore_models=True, ckpt_format="torch",
-        transformer_impl="transformer_engine" if naming == "te" else "local",
+        transformer_impl="transformer_engine" if naming in ("te", "te_grouped") else "local",
         num_layers=cfg.num_layers, hidden_size=cfg.hidden_size, ffn_hidden_size=cfg.ffn_hidden_size,
         num_attention_heads=cfg.num_attention_heads, num_query_groups=cfg.num_query_groups,
         group_query_attention=cfg.num_query_groups != cfg.num_attention_heads, kv_channels=cfg.kv_channels,
@@ -51,8 +51,12 @@ def build_args(cfg: ModelConfig, layout: Layout, *, padded_vocab: int, divisor: 
         num_layers_per_virtual_pipeline_stage=layout.layer_counts[0] if vpp and layout.even else None,
         num_layer_list=None if layout.even else ",".join(map(str, layout.layer_counts)),
         decoder_first_pipeline_num_layers=None, decoder_last_pipeline_num_layers=None,
-        expert_model_parallel_size=1, num_experts=None, data_parallel_size=1,
-        world_size=layout.tp * layout.pp,
+        expert_model_parallel_size=layout.ep, expert_tensor_parallel_size=layout.etp,
+        data_parallel_size=layout.dp, world_size=layout.world_size,
+        num_experts=cfg.num_experts, moe_ffn_hidden_size=cfg.moe_ffn_hidden_size if cfg.is_moe else None,
+        moe_router_topk=cfg.moe_router_topk if cfg.is_moe else 2, moe_router_pre_softmax=cfg.moe_router_pre_softmax,
+        moe_router_load_balancing_type="aux_loss" if cfg.moe_aux_loss_coeff else "none",
+        moe_aux_loss_coeff=cfg.moe_aux_loss_coeff, moe_grouped_gemm=naming == "te_grouped",
         vocab_size=cfg.vocab_size, padded_vocab_size=padded_vocab, make_vocab_size_divisible_by=divisor,
         params_dtype=params_dtype, bf16=dtype == "bfloat16", fp16=dtype == "float16",
         iteration=0 if iteration == "release" else iteration, consumed_train_samples=0, consumed_valid_samples=0,
@@ -86,6 +90,9 @@ def config_from_args(args: Any, family: str, vocab_size: int | None, base: Mappi
         raise ArgsMismatch("the checkpoint's args give neither vocab_size nor padded_vocab_size; pass --true-vocab-size")
     raw = dict(base or {})
     theta = _get(args, "rotary_base", 10000)
+    experts = _get(args, "num_experts")
+    aux = _get(args, "moe_aux_loss_coeff", 0.0)
+    balancing = _get(args, "moe_router_load_balancing_type", "aux_loss")
     return ModelConfig(
         family=family, model_type=str(raw.get("model_type", family)),
         num_layers=int(_get(args, "num_layers")), hidden_size=hidden,
@@ -100,4 +107,12 @@ def config_from_args(args: Any, family: str, vocab_size: int | None, base: Mappi
         activation="swiglu" if swiglu else "gelu",
         position_embedding_type=str(_get(args, "position_embedding_type", "learned_absolute")),
         params_dtype=short, architectures=tuple(raw.get("architectures") or ()), raw=raw,
+        num_experts=int(experts) if experts else None,
+        moe_ffn_hidden_size=int(_get(args, "moe_ffn_hidden_size") or _get(args, "ffn_hidden_size") or 4 * hidden)
+        if experts else None,
+        moe_router_topk=int(_get(args, "moe_router_topk") or 2),
+        moe_router_pre_softmax=bool(_get(args, "moe_router_pre_softmax", False)),
+        # Megatron-LM takes one coefficient (and type) per loss, as a list
+        moe_aux_loss_coeff=float((aux[0] if isinstance(aux, (list, tuple)) else aux) or 0.0)
+        if "aux_loss" in str(balancing) else 0.0,
     )

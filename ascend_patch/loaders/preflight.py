@@ -23,6 +23,7 @@ from ..parallel import (
     divisors,
     format_choices,
     ParallelConfigError,
+    check_experts,
     check_ffn_hidden_size,
     check_heads,
     check_layers,
@@ -33,6 +34,7 @@ __all__ = [
         "PreflightError",
     "check_pipeline_split",
     "check_tensor_split",
+    "check_expert_split",
     "check_vocab",
     "check_dtype",
     "check_tensors",
@@ -91,6 +93,41 @@ def check_tensor_split(heads: int, groups: int, ffn: int, tp: int) -> list[Findi
         first = problems[0]
         together = f"sizes that fit the heads, query groups and FFN together: {format_choices(joint)}"
         problems[0] = replace(first, remedy=f"{first.remedy}; {together}" if first.remedy else together)
+    return problems
+
+
+def check_expert_split(num_experts: int | None, expert_ffn: int | None, tp: int, ep: int, etp: int | None,
+                       grouped_gemm: bool = False, naming: str = "local") -> list[Finding]:
+    """Experts over EP ranks, each expert over expert-TP ranks, in the legacy layout's terms.
+
+    Megatron-LM names a legacy rank file by its TP, PP and EP ranks (``mp_rank_TT_PPP_EEE``),
+    so the expert-TP rank of a file's experts is its TP rank: expert-TP must equal TP.
+    """
+    family_flags = CONVERT_FLAGS
+    if not num_experts:
+        problems = []
+        if ep != 1:
+            problems.append(Finding("ep-dense", f"--target-expert-parallel-size {ep} was given but the model has no "
+                                    "experts", "drop the flag (or use 1)"))
+        if grouped_gemm:
+            problems.append(Finding("ep-dense", "--moe-grouped-gemm was given but the model has no experts",
+                                    "drop the flag"))
+        return problems
+    problems = _problems([("experts-vs-ep", lambda: check_experts(num_experts, ep, flags=family_flags))])
+    expert_tp = tp if etp is None else etp
+    if expert_tp != tp:
+        problems.append(Finding("etp-vs-tp", f"expert tensor-parallel size {expert_tp} differs from TP {tp}: Megatron's "
+                                "legacy layout names each rank file by TP rank (mp_rank_TT_PPP_EEE), so a file's "
+                                "experts are split like its attention",
+                                f"use --target-expert-tensor-parallel-size {tp} (or leave it out)"))
+    if expert_ffn:
+        problems += _problems([("expert-ffn-vs-tp", lambda: check_ffn_hidden_size(
+            expert_ffn, expert_tp, flags=family_flags, what="each expert's FFN hidden size (moe_intermediate_size)"))])
+    if grouped_gemm and naming == "local":
+        from ..models.moe_map import GROUPED_MLP_REFUSAL
+
+        problems.append(Finding("grouped-mlp", "--moe-grouped-gemm with the local spec asks for GroupedMLP",
+                                GROUPED_MLP_REFUSAL))
     return problems
 
 

@@ -129,7 +129,20 @@ class _Entry:
     header_offset: int = 0
     data_offset: int = 0
     crc: int = 0
-    extra: bytes = b""
+    zip64: bool = False
+    pad: int = 0
+
+    # Built when a local header is written, not kept: the page-alignment padding is up to 4 KB of zeros
+    # per record, which for an MoE rank file's thousands of expert tensors would be megabytes held
+    # for the writer's lifetime.
+    @property
+    def extra(self) -> bytes:
+        return ((struct.pack("<HHQQ", 0x0001, 16, self.size, self.size) if self.zip64 else b"")
+                + struct.pack("<HH", 0x4246, self.pad) + b"\0" * self.pad)  # "FB": the padding id torch uses
+
+    @property
+    def extra_len(self) -> int:
+        return (20 if self.zip64 else 0) + 4 + self.pad
 
 
 try:  # ISA-L's CRC-32 (and its combine), ~3x zlib's here; zlib is the fallback where the wheel is missing
@@ -189,9 +202,8 @@ class TorchZipWriter:
             pad = (-(pos + base + 4)) % ALIGN  # the padding field itself has a 4-byte header
             if e.name in residue:
                 pad = (residue[e.name] - (pos + base + 4)) % PAGE
-            e.extra = (struct.pack("<HHQQ", 0x0001, 16, e.size, e.size) if zip64 else b"") + \
-                struct.pack("<HH", 0x4246, pad) + b"\0" * pad  # "FB": the padding id torch's writer uses
-            e.data_offset = pos + 30 + len(e.name.encode()) + len(e.extra)
+            e.zip64, e.pad = zip64, pad
+            e.data_offset = pos + 30 + len(e.name.encode()) + e.extra_len
             pos = e.data_offset + e.size
         self.offsets = {slot.sid: e.data_offset for slot, e in zip(slots, entries[len(small):])}
         self.alignment = ALIGN
@@ -225,7 +237,7 @@ class TorchZipWriter:
         zip64 = e.size >= ZIP64_LIMIT or e.header_offset >= ZIP64_LIMIT
         size = 0xFFFFFFFF if zip64 else e.size
         return struct.pack("<IHHHHHIIIHH", 0x04034B50, 45 if zip64 else 20, 0x0800, 0, 0, 0x21, e.crc, size, size,
-                           len(name), len(e.extra)) + name + e.extra
+                           len(name), e.extra_len) + name + e.extra
 
     @staticmethod
     def _central(e: _Entry) -> bytes:

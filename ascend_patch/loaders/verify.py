@@ -194,7 +194,7 @@ def _check_key_sets(out: SourceCheckpoint, report: VerifyReport) -> None:
             parts = parse_rank_dir(os.path.basename(os.path.dirname(rel)))
             if parts is None or not chunk:
                 continue
-            _, pp_rank, _ = rank_coordinates(parts)
+            _, pp_rank, _ = rank_coordinates(parts, out.layout.pp, out.layout.ep)
             vp = chunk_index(chunk)
             expected = megatron_expected_state(out.config, out.layout, pp_rank, vp, out.naming or "local",
                                                out.padded_vocab)
@@ -222,7 +222,14 @@ def _transformers_state(path: str) -> dict[str, tuple[int, ...]] | None:
     config = AutoConfig.from_pretrained(path, local_files_only=True)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
-    state = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    raw = model.state_dict()
+    try:  # transformers 5 fuses experts in memory (mlp.experts.gate_up_proj); its files keep one tensor per expert
+        from transformers.core_model_loading import revert_weight_conversion
+
+        raw = revert_weight_conversion(model, raw)  # shape-only on the meta device, as save_pretrained does it
+    except ImportError:  # transformers 4: the module's own keys are the file's
+        pass
+    state = {k: tuple(v.shape) for k, v in raw.items()}
     if getattr(config, "tie_word_embeddings", False):
         state.pop("lm_head.weight", None)
     return state

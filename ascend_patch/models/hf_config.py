@@ -59,7 +59,17 @@ class ModelConfig:
     sliding_window: int | None = None  # enabled in config.json and shorter than the context; not built
     hidden_dropout: float = 0.0  # the dropout rates the family's config.json trains with
     attention_dropout: float = 0.0
+    # mixture of experts (None: a dense MLP); every layer's MLP is then a router over the experts
+    num_experts: int | None = None
+    moe_ffn_hidden_size: int | None = None  # one expert's intermediate size
+    moe_router_topk: int = 2
+    moe_router_pre_softmax: bool = False  # softmax over all experts before top-k, no renormalisation
+    moe_aux_loss_coeff: float = 0.0
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def is_moe(self) -> bool:
+        return bool(self.num_experts)
 
     @property
     def head_dim(self) -> int:
@@ -122,8 +132,26 @@ class ModelConfig:
         # it has no flag for the padded size, so the argv carries the true size only.
         args["vocab-size"] = self.vocab_size
         args["make-vocab-size-divisible-by"] = make_vocab_size_divisible_by
+        if self.is_moe:
+            args.update(self.moe_args())
         if self.params_dtype in ("bf16", "fp16"):
             args[self.params_dtype] = True
+        return args
+
+    def moe_args(self) -> dict[str, Any]:
+        """The Megatron-LM MoE flags (``--num-experts`` ...); empty for a dense model."""
+        if not self.is_moe:
+            return {}
+        args: dict[str, Any] = {
+            "num-experts": self.num_experts,
+            "moe-ffn-hidden-size": self.moe_ffn_hidden_size or self.ffn_hidden_size,
+            "moe-router-topk": self.moe_router_topk,
+            "moe-router-load-balancing-type": "aux_loss" if self.moe_aux_loss_coeff else "none",
+        }
+        if self.moe_aux_loss_coeff:
+            args["moe-aux-loss-coeff"] = self.moe_aux_loss_coeff
+        if self.moe_router_pre_softmax:
+            args["moe-router-pre-softmax"] = True
         return args
 
     def padded_vocab(self, make_vocab_size_divisible_by: int = 128, tensor_parallel_size: int = 1) -> int:

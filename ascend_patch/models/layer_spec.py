@@ -22,7 +22,7 @@ from megatron.core.transformer.transformer_layer import TransformerLayer, Transf
 
 from .attention import ContextParallelAttention
 
-__all__ = ["dense_layer_spec", "family_layer_spec"]
+__all__ = ["dense_layer_spec", "family_layer_spec", "moe_layer_spec"]
 
 _NORMS = ("LayerNorm", "RMSNorm")
 
@@ -77,3 +77,28 @@ def family_layer_spec(config: Any, normalization: str, qk_layernorm: bool) -> Mo
         normalization = getattr(config, "normalization", None) or normalization
         qk_layernorm = qk_layernorm or bool(getattr(config, "qk_layernorm", False))
     return dense_layer_spec(normalization=normalization, qk_layernorm=qk_layernorm)
+
+
+def moe_layer_spec(config: Any, normalization: str, qk_layernorm: bool, num_experts: int | None = None,
+                   grouped_gemm: bool = False) -> ModuleSpec:
+    """The family's decoder layer with a mixture-of-experts MLP: megatron-core's router and
+    ``SequentialMLP`` experts (``grouped_gemm``: its legacy ``GroupedMLP``) built from local layers.
+
+    ``num_experts`` defaults to the config's (``ModelConfig.num_experts``, Megatron-LM's
+    ``args.num_experts`` or a ``TransformerConfig``'s ``num_moe_experts``); the config's
+    ``moe_grouped_gemm`` asks for GroupedMLP too.
+    """
+    import dataclasses
+
+    from megatron.core.models.gpt.moe_module_specs import get_moe_module_spec_for_backend
+
+    layer = family_layer_spec(config, normalization, qk_layernorm)
+    experts = num_experts or getattr(config, "num_experts", None) or getattr(config, "num_moe_experts", None)
+    grouped = grouped_gemm or bool(getattr(config, "moe_grouped_gemm", False))  # Megatron-LM's --moe-grouped-gemm
+    if not experts:
+        raise ValueError("an MoE layer spec needs the number of experts (num_experts)")
+    mlp = get_moe_module_spec_for_backend(LocalSpecProvider(), num_experts=int(experts),
+                                          moe_grouped_gemm=grouped, moe_use_legacy_grouped_gemm=grouped)
+    layer.submodules = dataclasses.replace(layer.submodules, mlp=mlp, sharded_state_dict_keys_map={
+        "input_layernorm.": "self_attention.linear_qkv.layer_norm_"})
+    return layer

@@ -60,6 +60,15 @@ def transformer_config_kwargs(mc: ModelConfig, dtype: str | None = None, **overr
         bf16=dtype == "bf16",
         fp16=dtype == "fp16",
     )
+    if mc.is_moe:
+        kwargs.update(
+            num_moe_experts=mc.num_experts,
+            moe_ffn_hidden_size=mc.moe_ffn_hidden_size or mc.ffn_hidden_size,
+            moe_router_topk=mc.moe_router_topk,
+            moe_router_pre_softmax=mc.moe_router_pre_softmax,
+            moe_router_load_balancing_type="aux_loss" if mc.moe_aux_loss_coeff else "none",
+            moe_aux_loss_coeff=mc.moe_aux_loss_coeff,
+        )
     kwargs.update(overrides)
     return kwargs
 

@@ -32,6 +32,7 @@ __all__ = [
     "QKV",
     "GatedMLP",
     "VocabParallel",
+    "Experts",
     "WeightMap",
     "NAMINGS",
     "invert",
@@ -40,10 +41,10 @@ __all__ = [
 ]
 
 Shape = tuple[int, ...]
-NAMINGS = ("local", "te")
+NAMINGS = ("local", "te", "te_grouped")  # te_grouped: the TE spec with grouped-GEMM experts (TEGroupedMLP)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: an MoE checkpoint has tens of thousands of pieces
 class Piece:
     """``dst[dst_start : dst_start+size] = src[src_start : src_start+size]`` (per dimension).
 
@@ -67,7 +68,7 @@ class Piece:
         return Piece(self.src, src_start, (lo, *self.dst_start[1:]), (hi - lo, *self.size[1:]))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TensorPlan:
     """One physical tensor: its key, shape and the pieces that fill it completely."""
 
@@ -129,7 +130,7 @@ class Rule:
         raise NotImplementedError
 
     def mg_key(self, naming: str) -> str:
-        return self.te if (naming == "te" and self.te) else self.mg
+        return self.te if (naming in ("te", "te_grouped") and self.te) else self.mg
 
     def shard(self, names: Mapping[str, str], tp: int, rank: int, padded_vocab: int) -> tuple[Shape, tuple[Piece, ...]]:
         """(shape, pieces) of TP rank ``rank``; ``names`` maps template -> concrete HF key."""
@@ -256,6 +257,50 @@ class VocabParallel(Rule):
         return (n, *rest), _take_rows(segs, rest, rank * n, (rank + 1) * n)
 
 
+@dataclass(frozen=True)
+class Experts:
+    """A layer's experts: ``rules`` repeated for each of ``count`` experts, split over EP ranks.
+
+    Inside ``rules``, HF templates use ``{e}`` (the global expert index) and Megatron keys
+    ``{x}`` (the index among the EP rank's local experts: megatron-core's legacy state dict
+    numbers each rank's experts from 0). Each expert's tensors are split over the expert
+    tensor-parallel ranks as their rule says; EP rank ``r`` holds experts
+    ``[r * count/EP, (r+1) * count/EP)``. ``grouped`` optionally renames each rule's key for
+    Transformer Engine's grouped GEMM (``mlp.experts.linear_fc1.weight{x}``), keyed by the
+    rule's ``mg`` template.
+    """
+
+    count: int
+    rules: tuple[Rule, ...]
+    grouped: Mapping[str, str] = field(default_factory=dict)
+    extra_state: tuple[str, ...] = ()  # module paths per local expert ({x}), local and SequentialMLP TE spec
+    grouped_extra_state: tuple[str, ...] = ()  # module paths (no {x}) of the grouped-GEMM experts
+
+    @property
+    def kind(self) -> str:
+        return "Experts"
+
+    def hf_shapes(self) -> dict[str, Shape]:
+        """Every expert's HF tensors (``{e}`` filled in, ``{i}`` left for the layer)."""
+        out: dict[str, Shape] = {}
+        for e in range(self.count):
+            for rule in self.rules:
+                out.update({t.replace("{e}", str(e)): shape for t, shape in rule.hf_shapes().items()})
+        return out
+
+    def local(self, ep: int, ep_rank: int) -> range:
+        """The global indices of the experts EP rank ``ep_rank`` holds."""
+        if self.count % ep:
+            raise LayoutError(f"{self.count} experts cannot be split over {ep} expert-parallel ranks")
+        n = self.count // ep
+        return range(ep_rank * n, (ep_rank + 1) * n)
+
+    def key(self, rule: Rule, naming: str) -> str:
+        if naming == "te_grouped" and rule.mg in self.grouped:
+            return self.grouped[rule.mg]
+        return rule.mg_key("te" if naming == "te_grouped" else naming)
+
+
 # ---------------------------------------------------------------------------------------------
 
 
@@ -295,11 +340,22 @@ class WeightMap:
         return out
 
     # -- the Megatron side --------------------------------------------------------------------
+    @property
+    def experts(self) -> Experts | None:
+        """The layer's experts (None for a dense model)."""
+        return next((r for r in self.layer if isinstance(r, Experts)), None)
+
     def megatron_chunk(self, layout: Layout, tp_rank: int, pp_rank: int, vp: int = 0,
-                       naming: str = "local", padded_vocab: int | None = None) -> list[TensorPlan | ExtraState]:
-        """The state dict of one model chunk on one rank, in megatron-core's key order."""
+                       naming: str = "local", padded_vocab: int | None = None,
+                       ep_rank: int = 0) -> list[TensorPlan | ExtraState]:
+        """The state dict of one model chunk on one rank (``ep_rank``: its experts), in megatron-core's key order.
+
+        With experts, the legacy layout names files by TP rank, so the experts are split over
+        expert-TP = TP ranks (``tp_rank`` is the expert-TP rank too)."""
         if naming not in NAMINGS:
             raise LayoutError(f"unknown key naming {naming!r}; use one of {', '.join(NAMINGS)}")
+        if ep_rank >= layout.ep:
+            raise LayoutError(f"expert-parallel rank {ep_rank} is outside 0..{layout.ep - 1}")
         if padded_vocab is None:
             padded_vocab = self.config.vocab_size
         tp = layout.tp
@@ -313,12 +369,28 @@ class WeightMap:
         if first:
             for rule in self.embedding:
                 add(rule, _identity(rule), rule.mg_key(naming))
+        te = naming in ("te", "te_grouped")
         for j, i in enumerate(layout.layers(pp_rank, vp)):
             for rule in self.layer:
+                if isinstance(rule, Experts):
+                    for x, e in enumerate(rule.local(layout.ep, ep_rank)):
+                        for inner in rule.rules:
+                            names = {t: t.format(i=i, e=e) for t in inner.hf_shapes()}
+                            shape, pieces = inner.shard(names, layout.etp, tp_rank, padded_vocab)
+                            entries.append(TensorPlan(rule.key(inner, naming).format(j=j, x=x), shape, pieces,
+                                                      inner.kind))
+                    continue
                 names = {t: t.format(i=i) for t in rule.hf_shapes()}
                 add(rule, names, rule.mg_key(naming).format(j=j))
-            for module in (self.te_layer_extra_state if naming == "te" else self.layer_extra_state):
+            for module in (self.te_layer_extra_state if te else self.layer_extra_state):
                 entries.append(ExtraState(f"decoder.layers.{j}.{module}._extra_state"))
+            moe = self.experts
+            if moe is not None:
+                per_expert = () if naming == "te_grouped" else moe.extra_state
+                for x in range(moe.count // layout.ep):
+                    entries += [ExtraState(f"decoder.layers.{j}.{m.format(x=x)}._extra_state") for m in per_expert]
+                if naming == "te_grouped":
+                    entries += [ExtraState(f"decoder.layers.{j}.{m}._extra_state") for m in moe.grouped_extra_state]
         if last:
             for rule in self.final:
                 add(rule, _identity(rule), rule.mg_key(naming))
@@ -334,10 +406,10 @@ class WeightMap:
         return entries
 
     def megatron_ranks(self, layout: Layout, naming: str = "local",
-                       padded_vocab: int | None = None) -> dict[tuple[int, int], list[list[TensorPlan | ExtraState]]]:
-        """(tp_rank, pp_rank) -> one entry list per virtual chunk."""
-        return {(t, p): [self.megatron_chunk(layout, t, p, v, naming, padded_vocab) for v in range(layout.vpp)]
-                for t, p in layout.ranks()}
+                       padded_vocab: int | None = None) -> dict[tuple[int, int, int], list[list[TensorPlan | ExtraState]]]:
+        """(tp_rank, pp_rank, ep_rank) -> one entry list per virtual chunk."""
+        return {(t, p, e): [self.megatron_chunk(layout, t, p, v, naming, padded_vocab, e) for v in range(layout.vpp)]
+                for t, p, e in layout.rank_files()}
 
 
 def _identity(rule: Rule) -> dict[str, str]:
@@ -404,6 +476,11 @@ def compose(plan: TensorPlan, source: Mapping[str, list[Piece]]) -> TensorPlan:
         entries = source.get(p.src)
         if not entries:
             raise LayoutError(f"{plan.key} needs {p.src}, which the source checkpoint does not hold")
+        if len(entries) == 1 and not any(entries[0].dst_start) and not any(entries[0].src_start) and all(
+                a + s <= z for a, s, z in zip(p.src_start, p.size, entries[0].size)):
+            # the canonical tensor is one stored tensor as it is (every HF source): rename, no arithmetic
+            out.append(Piece(entries[0].src, p.src_start, p.dst_start, p.size))
+            continue
         got = 0
         for e in entries:
             # e: canonical region [e.dst_start, +e.size) lives in physical e.src at e.src_start.

@@ -19,6 +19,7 @@ checkpoint's shards need: :meth:`Layout.build` makes one from a layer count.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -140,9 +141,16 @@ class Layout:
 
     @classmethod
     def build(cls, num_layers: int, tp: int = 1, pp: int = 1, vpp: int = 1,
-              num_layer_list: Sequence[int] | None = None, flags: ParallelFlags = CONVERT_FLAGS) -> Layout:
-        """``num_layers`` placed evenly, or by ``num_layer_list`` (one count per stage, no virtual chunks)."""
-        return cls(tp=tp, pp=pp, vpp=vpp, layer_counts=place_layers(num_layers, pp, vpp, num_layer_list, flags))
+              num_layer_list: Sequence[int] | None = None, flags: ParallelFlags = CONVERT_FLAGS,
+              ep: int = 1, expert_tp: int | None = None) -> Layout:
+        """``num_layers`` placed evenly, or by ``num_layer_list`` (one count per stage, no virtual chunks).
+
+        With EP > 1 (a checkpoint's layout) DP is the smallest that fits the expert layout:
+        TP x DP a multiple of expert-TP x EP."""
+        etp = tp if expert_tp is None else expert_tp
+        dp = math.lcm(tp, etp * ep) // tp
+        return cls(tp=tp, pp=pp, vpp=vpp, dp=dp, ep=ep, expert_tp=expert_tp,
+                   layer_counts=place_layers(num_layers, pp, vpp, num_layer_list, flags))
 
     def placed(self, num_layers: int, num_layer_list: Sequence[int] | None = None,
                flags: ParallelFlags = CONVERT_FLAGS) -> Layout:
@@ -305,9 +313,18 @@ class Layout:
             for t in range(self.tp):
                 yield t, p
 
+    def rank_files(self) -> Iterator[tuple[int, int, int]]:
+        """(tp_rank, pp_rank, ep_rank) of each file of a legacy checkpoint, pipeline stage slowest."""
+        for p in range(self.pp):
+            for t in range(self.tp):
+                for e in range(self.ep):
+                    yield t, p, e
+
     def describe_shards(self) -> str:
         """``TP 2, PP 3, layers 2,4,2``: how a checkpoint of this layout is cut."""
         extra = f", VPP {self.vpp}" if self.vpp > 1 else ""
+        extra += f", EP {self.ep}" if self.ep > 1 else ""
+        extra += f", expert-TP {self.etp}" if self.etp != self.tp else ""
         counts = "" if self.even else f", layers {','.join(map(str, self._counts()))}"
         return f"TP {self.tp}, PP {self.pp}{extra}{counts}"
 

@@ -62,9 +62,9 @@ class ParallelFlags:
 
 
 TRAINING_FLAGS = ParallelFlags()
-# ascend-patch convert refuses expert-parallel checkpoints, so it has no EP flag to name
 CONVERT_FLAGS = ParallelFlags(tp="--target-tensor-parallel-size", pp="--target-pipeline-parallel-size",
-                              ep=None, vpp="--virtual-pipeline-parallel-size", layer_list="--num-layer-list",
+                              ep="--target-expert-parallel-size", etp="--target-expert-tensor-parallel-size",
+                              vpp="--virtual-pipeline-parallel-size", layer_list="--num-layer-list",
                               first_last=None)
 
 
@@ -111,7 +111,7 @@ def _size_remedy(name: str, flags: ParallelFlags) -> str:
 
 def _ep_fix(flags: ParallelFlags, choices: str) -> str:
     if flags.ep is None:
-        return f"EP {choices} would fit, but ascend-patch convert writes EP=1 checkpoints only"
+        return f"an expert-parallel size of {choices} would fit (this command takes no expert-parallel flag)"
     return f"use {flags.ep} {choices}"
 
 

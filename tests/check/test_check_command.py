@@ -271,29 +271,31 @@ def test_mismatch_between_two_pipelined_layouts_says_what_differs(tmp_path, caps
             "read)") in out
 
 
-def test_expert_parallel_mismatch_prints_no_converter_command(tmp_path, capsys):
+def test_expert_parallel_mismatch_prints_the_converter_command_with_the_ep_size(tmp_path, capsys):
     ckpt = make_checkpoint(tmp_path / "moe", ep=2, args={"num_experts": 4})
     code, out = run(capsys, "--world-size", 2, "--load", ckpt)
     assert code == 1
-    error = out[out.index("this checkpoint was saved"):out.index("\n\n", out.index("this checkpoint was saved"))]
-    assert error == (
-        f"this checkpoint was saved with EP=2 but you are launching EP=1: the torch format cannot be re-sharded on "
-        f"load (rank 0 would look for mp_rank_00/, which the checkpoint does not have (it has "
-        f"mp_rank_00_000/ .. mp_rank_00_001/)). ascend-patch convert cannot re-shard expert-parallel (MoE) "
-        f"checkpoints (it refuses them). Launch with the saved sizes (--tensor-model-parallel-size 1 "
-        f"--pipeline-model-parallel-size 1 --expert-model-parallel-size 2), or let Megatron-LM rewrite it in the "
-        f"torch_dist format, which megatron-core re-shards on load: run your training script once at the saved "
-        f"sizes with --load {ckpt} --ckpt-convert-format torch_dist --ckpt-convert-save {ckpt}_dist, then launch "
-        f"with --load {ckpt}_dist/torch_dist --ckpt-format torch_dist")
-    assert "--target-" not in out and "--load-model-type" not in out
-    # TP differing on an expert-parallel checkpoint: still no converter command
+    assert ("this checkpoint was saved with EP=2 but you are launching EP=1: the torch format cannot be re-sharded "
+            "on load (rank 0 would look for mp_rank_00/, which the checkpoint does not have (it has "
+            "mp_rank_00_000/ .. mp_rank_00_001/)).") in out
+    assert (f"ascend-patch convert --load-model-type mg --save-model-type mg --load-dir {ckpt} --save-dir "
+            f"{ckpt}_tp1_pp1_ep1 --target-tensor-parallel-size 1 --target-pipeline-parallel-size 1 "
+            f"--target-expert-parallel-size 1") in out
+    # TP differing on an expert-parallel checkpoint: the command re-shards TP and keeps the launch's EP
     ckpt = make_checkpoint(tmp_path / "moe2", tp=2, ep=2, args={"num_experts": 4})
     code, out = run(capsys, "--world-size", 4, "--ep", 2, "--load", ckpt)
     assert code == 1 and "saved with TP=2 but you are launching TP=1" in out
-    assert "ascend-patch convert cannot re-shard expert-parallel (MoE) checkpoints" in out
-    assert "--load-model-type" not in out
+    assert "--target-tensor-parallel-size 1 --target-pipeline-parallel-size 1 --target-expert-parallel-size 2" in out
     code, out = run(capsys, "--world-size", 4, "--tp", 2, "--ep", 2, "--load", ckpt)
     assert code == 0, out
+    # expert-TP other than TP: the legacy layout cannot hold it, so no converter command
+    ckpt = make_checkpoint(tmp_path / "moe3", ep=2, args={"num_experts": 4})
+    code, out = run(capsys, "--world-size", 4, "--tp", 2, "--ep", 2, "--expert-tensor-parallel-size", 1,
+                    "--load", ckpt)
+    assert code == 1 and "--load-model-type" not in out
+    assert ("ascend-patch convert writes expert-parallel (MoE) checkpoints only with expert-TP = TP (the legacy "
+            "layout names files by TP rank), and the launch has expert-TP 1 with TP 2. Launch with the saved sizes "
+            "(--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --expert-model-parallel-size 2)") in out
 
 
 def test_virtual_pipeline_mismatch_both_ways(tmp_path, capsys):

@@ -107,3 +107,34 @@ def test_printed_vpp_reshard_command_runs_and_the_result_passes_check(tmp_path, 
         assert sorted(got[rank]) == sorted(state)
         for key, tensor in state.items():
             assert torch.equal(got[rank][key], tensor), (rank, key)
+
+
+def test_printed_ep_reshard_command_runs_and_the_result_passes_check(tmp_path, capsys):
+    """A qwen3_moe checkpoint saved at EP2 checked for an EP1 launch: the printed command re-shards the
+    experts and its output equals converting the HF model straight to EP1."""
+    from ascend_patch.loaders.engine import convert
+    from ascend_patch.loaders.formats import ConvertOptions
+
+    tiny = _loaders_tiny()
+    hf = tiny.save_model(tiny.make_model("qwen3_moe"), str(tmp_path / "hf"))  # 8 experts
+    ep2 = str(tmp_path / "mg_ep2")
+    convert(hf, ep2, "hf", "mg", ConvertOptions(target_ep=2))
+    assert main(["check", "--world-size", "1", "--hf-config", hf, "--load", ep2]) == 1
+    out = capsys.readouterr().out
+    assert "this checkpoint was saved with EP=2 but you are launching EP=1" in out
+    argv = shlex.split(_printed_command(out))
+    assert argv[-2:] == ["--target-expert-parallel-size", "1"]
+    env = child_env(PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    resharded = argv[argv.index("--save-dir") + 1]
+    assert main(["check", "--world-size", "1", "--hf-config", hf, "--load", resharded]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("OK: no errors")
+    direct = str(tmp_path / "mg_ep1")
+    convert(hf, direct, "hf", "mg", ConvertOptions())
+    got, want = _model_states(resharded), _model_states(direct)
+    assert list(got) == list(want) == ["mp_rank_00"]
+    assert sorted(got["mp_rank_00"]) == sorted(want["mp_rank_00"])
+    assert sum(".local_experts.7.linear_fc1.weight" in k for k in want["mp_rank_00"]) == 4  # every layer, all 8
+    for key, tensor in want["mp_rank_00"].items():
+        assert torch.equal(got["mp_rank_00"][key], tensor), key

@@ -22,6 +22,13 @@ FAMILIES: dict[str, dict[str, Any]] = {
                   rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
     "mistral": dict(COMMON, vocab_size=300, head_dim=16, tie_word_embeddings=False, sliding_window=None,
                     rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+    # MoE: 8 experts of width 32 (divisible by TP 2), top-2; qwen3_moe renormalises the top-k (norm_topk_prob)
+    "qwen3_moe": dict(COMMON, vocab_size=300, head_dim=16, tie_word_embeddings=False, num_experts=8,
+                      num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True, decoder_sparse_step=1,
+                      mlp_only_layers=[], rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+    "mixtral": dict(COMMON, vocab_size=300, intermediate_size=48, tie_word_embeddings=False, num_local_experts=4,
+                    num_experts_per_tok=2, sliding_window=None,
+                    rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
 }
 
 
@@ -29,7 +36,9 @@ def hf_classes(family: str) -> tuple[Any, Any]:
     import transformers
 
     names = {"qwen3": ("Qwen3Config", "Qwen3ForCausalLM"), "llama": ("LlamaConfig", "LlamaForCausalLM"),
-             "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"), "mistral": ("MistralConfig", "MistralForCausalLM")}[family]
+             "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"), "mistral": ("MistralConfig", "MistralForCausalLM"),
+             "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
+             "mixtral": ("MixtralConfig", "MixtralForCausalLM")}[family]
     return getattr(transformers, names[0]), getattr(transformers, names[1])
 
 

@@ -20,18 +20,33 @@ import sys
 import traceback
 
 
-def _config(hf: dict, tp: int, pp: int, vpp: int, layer_list: list[int] | None = None):
+def _experts(hf: dict) -> int | None:
+    return hf.get("num_experts") or hf.get("num_local_experts")
+
+
+def _moe(hf: dict, ep: int) -> dict:
+    """The router and experts, read from config.json by hand (Qwen3-MoE's and Mixtral's names)."""
+    if not _experts(hf):
+        return {}
+    return dict(num_moe_experts=_experts(hf), expert_model_parallel_size=ep,
+                moe_ffn_hidden_size=hf.get("moe_intermediate_size") or hf["intermediate_size"],
+                moe_router_topk=hf["num_experts_per_tok"],
+                moe_router_pre_softmax=not hf.get("norm_topk_prob", True),
+                moe_router_load_balancing_type="none", moe_token_dispatcher_type="alltoall")
+
+
+def _config(hf: dict, tp: int, pp: int, vpp: int, layer_list: list[int] | None = None, ep: int = 1):
     import torch.nn.functional as F
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     heads = hf["num_attention_heads"]
-    return TransformerConfig(
+    return TransformerConfig(**_moe(hf, ep),
         num_layers=hf["num_hidden_layers"], hidden_size=hf["hidden_size"], ffn_hidden_size=hf["intermediate_size"],
         num_attention_heads=heads, num_query_groups=hf.get("num_key_value_heads", heads),
         kv_channels=hf.get("head_dim") or hf["hidden_size"] // heads,
         gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False,
         add_qkv_bias=hf["model_type"] == "qwen2", normalization="RMSNorm", layernorm_epsilon=hf["rms_norm_eps"],
-        qk_layernorm=hf["model_type"] == "qwen3", hidden_dropout=0.0, attention_dropout=0.0,
+        qk_layernorm=hf["model_type"] in ("qwen3", "qwen3_moe"), hidden_dropout=0.0, attention_dropout=0.0,
         use_cpu_initialization=True, tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
         virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None, params_dtype=torch_float(),
         pipeline_dtype=torch_float(),
@@ -63,15 +78,17 @@ def run_case(case: dict) -> dict:
     from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
-    tp, pp, vpp = case["tp"], case["pp"], case.get("vpp", 1)
+    tp, pp, vpp, ep = case["tp"], case["pp"], case.get("vpp", 1), case.get("ep", 1)
     with open(case["hf_config"]) as f:
         hf = json.load(f)
     if ps.model_parallel_is_initialized():
         ps.destroy_model_parallel()
-    ps.initialize_model_parallel(tp, pp, virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None)
+    ps.initialize_model_parallel(tp, pp, virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
+                                 expert_model_parallel_size=ep)
     model_parallel_cuda_manual_seed(1234)
-    config = _config(hf, tp, pp, vpp, case.get("layer_list"))
-    spec = get_gpt_layer_local_spec(qk_layernorm=config.qk_layernorm, normalization="RMSNorm")
+    config = _config(hf, tp, pp, vpp, case.get("layer_list"), ep)
+    spec = get_gpt_layer_local_spec(num_experts=_experts(hf), moe_grouped_gemm=False,
+                                    qk_layernorm=config.qk_layernorm, normalization="RMSNorm")
     tied = bool(hf.get("tie_word_embeddings", False))
     chunks = []
     for v in range(vpp):
@@ -85,6 +102,8 @@ def run_case(case: dict) -> dict:
 
     tp_rank, pp_rank = ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank()
     name = f"mp_rank_{tp_rank:02d}" if pp == 1 else f"mp_rank_{tp_rank:02d}_{pp_rank:03d}"
+    if ep > 1:  # Megatron-LM's legacy name: the EP rank appended
+        name += f"_{ps.get_expert_model_parallel_rank():03d}"
     with open(os.path.join(case["mg_dir"], "latest_checkpointed_iteration.txt")) as f:
         it = f.read().strip()
     folder = "release" if it == "release" else f"iter_{int(it):07d}"

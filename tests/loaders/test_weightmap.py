@@ -144,7 +144,7 @@ def test_invert_then_compose_reshards_without_hf():
     src_layout = Layout.build(L, tp=2, pp=2)
     plans = {}
     stored = {}
-    for (t, p), chunks in wm.megatron_ranks(src_layout, padded_vocab=512).items():
+    for (t, p, _), chunks in wm.megatron_ranks(src_layout, padded_vocab=512).items():
         for e in chunks[0]:
             if isinstance(e, TensorPlan):
                 pid = f"{t}{p}/{e.key}"

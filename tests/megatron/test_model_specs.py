@@ -31,7 +31,7 @@ def test_spec_in_megatrons_module_attribute_form():
 
 
 def test_unknown_spec_lists_the_known_ones():
-    with pytest.raises(UnknownSpec, match=r"unknown model spec 'qwen4'; known: gpt, llama, qwen2, qwen3"):
+    with pytest.raises(UnknownSpec, match=r"unknown model spec 'qwen4'; known: gpt, llama, mixtral, qwen2, qwen3, qwen3_moe"):
         resolve_spec("qwen4")
 
 
@@ -87,7 +87,7 @@ def test_third_party_spec_from_an_installed_distribution(third_party_family):
     pm = get_plugin_manager()
     assert "tinyfam" in pm.names() and pm.origins["tinyfam"] == "tinyfam-plugin"
     registry = get_spec_registry(refresh=True)
-    assert registry.known() == ["gpt", "llama", "qwen2", "qwen3", "tinyfam"]
+    assert registry.known() == ["gpt", "llama", "mixtral", "qwen2", "qwen3", "qwen3_moe", "tinyfam"]
     spec = resolve_spec("tinyfam")
     assert spec.owner == "tinyfam" and spec.description == "a third-party family"
     found = registry.for_hf_config({"architectures": ["TinyFamForCausalLM"], "model_type": "tinyfam"})

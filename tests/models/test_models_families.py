@@ -22,11 +22,11 @@ def test_every_family_folder_declares_the_spec_the_plugin_collects():
     folders = sorted(d for d in os.listdir(MODELS)
                      if os.path.isfile(os.path.join(MODELS, d, "__init__.py")))
     specs = builtin_specs()
-    assert [s.name for s in specs] == folders == ["gpt", "llama", "qwen2", "qwen3"]
+    assert [s.name for s in specs] == folders == ["gpt", "llama", "mixtral", "qwen2", "qwen3", "qwen3_moe"]
     for spec in specs:
         assert importlib.import_module(f"ascend_patch.models.{spec.name}").SPEC is spec
         assert spec.layer_spec.__qualname__ == f"ascend_patch.models.{spec.name}.spec.layer_spec"
-    assert [s.name for s in specs if s.converts] == ["llama", "qwen2", "qwen3"]
+    assert [s.name for s in specs if s.converts] == ["llama", "mixtral", "qwen2", "qwen3", "qwen3_moe"]
 
 
 @pytest.mark.parametrize("typed,family", [("llama3.1", "llama"), ("Llama-3.1", "llama"), ("llama31", "llama"),
@@ -62,13 +62,17 @@ def test_a_megatron_lm_checkpoint_is_recognised_by_its_args():
     assert registry.for_megatron_args(_args(**llama_like, add_qkv_bias=True)).name == "qwen2"
     assert registry.for_megatron_args(_args(**llama_like, qk_layernorm=True)).name == "qwen3"
     assert registry.for_megatron_args(_args(**llama_like, qk_layernorm=True, add_qkv_bias=True)).name == "qwen3"
+    # experts make the MoE family of the same attention win (one fact more)
+    assert registry.for_megatron_args(_args(**llama_like, num_experts=8)).name == "mixtral"
+    assert registry.for_megatron_args(_args(**llama_like, qk_layernorm=True, num_experts=128)).name == "qwen3_moe"
     assert registry.for_megatron_args({"normalization": "LayerNorm"}).name == "gpt"
     assert registry.for_megatron_args(_args()).name == "gpt"  # Megatron's defaults are the classic GPT
     with pytest.raises(ConfigMismatch) as info:
         registry.for_megatron_args(_args(normalization="RMSNorm"))  # RMSNorm without SwiGLU: no family
     assert str(info.value) == (
-        "the checkpoint's args (add_qkv_bias=False, normalization='RMSNorm', qk_layernorm=False, swiglu=False) "
-        "matches no family's Megatron arguments; pass --model-type-hf (gpt, llama, qwen2, qwen3)")
+        "the checkpoint's args (add_qkv_bias=False, normalization='RMSNorm', num_experts=None, qk_layernorm=False, "
+        "swiglu=False) matches no family's Megatron arguments; pass --model-type-hf "
+        "(gpt, llama, mixtral, qwen2, qwen3, qwen3_moe)")
 
 
 def test_gpt_builds_but_does_not_convert_and_says_which_families_do():
@@ -77,7 +81,7 @@ def test_gpt_builds_but_does_not_convert_and_says_which_families_do():
     gpt = get_spec_registry().get("gpt")
     mc = gpt.config_from_hf({"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": 2, "vocab_size": 100})
     with pytest.raises(ConfigMismatch, match="model family gpt has no weight map, so the converter cannot handle it; "
-                                             "the families it converts: llama, qwen2, qwen3"):
+                                             "the families it converts: llama, mixtral, qwen2, qwen3, qwen3_moe"):
         weight_map_for(gpt, mc)
 
 
@@ -151,7 +155,7 @@ def test_a_tie_between_families_is_an_error_naming_them(with_plugin):
     registry = get_spec_registry(refresh=True)
     with pytest.raises(ConfigMismatch, match="matches the families qwen3, tinyfam equally"):
         registry.for_megatron_args(_args(normalization="RMSNorm", swiglu=True, qk_layernorm=True))
-    with pytest.raises(UnknownSpec, match="unknown model spec 'qwen4'; known: gpt, llama, qwen2, qwen3, tinyfam"):
+    with pytest.raises(UnknownSpec, match="unknown model spec 'qwen4'; known: gpt, llama, mixtral, qwen2, qwen3, qwen3_moe, tinyfam"):
         registry.get("qwen4")
 
 

@@ -3,7 +3,7 @@
 Megatron-LM's ``gpt_builders.gpt_builder`` passes ``args.spec`` to megatron-core's
 ``spec_utils.import_module``, which takes Megatron's ``module attribute`` pair only: one word
 fails with ``ValueError: not enough values to unpack``. With the patch a single word is a model
-family registered with ascend_patch (built in: gpt, llama, qwen2, qwen3; or a plugin's), whose
+family registered with ascend_patch (built in: gpt, llama, mixtral, qwen2, qwen3, qwen3_moe; or a plugin's), whose
 layer spec is built for the run's arguments (``--normalization``, ``--qk-layernorm``); an unknown
 name fails listing the known ones. Two words (or anything else) go to megatron-core unchanged.
 """
