@@ -265,7 +265,11 @@ def _open_writer(target: TargetFile, path: str, options: ConvertOptions, page_of
         from .torch_zip import TorchZipWriter
 
         return TorchZipWriter(path, target.skeleton, crc=bool(options.extra.get("zip_crc")), page_offsets=page_offsets)
-    raise ValueError(f"{target.relpath}: unknown output file format {target.format!r} (safetensors or torch)")
+    if target.format == "distcp":
+        from .torch_dist_io import DistcpWriter
+
+        return DistcpWriter(path, target.skeleton["items"])
+    raise ValueError(f"{target.relpath}: unknown output file format {target.format!r} (safetensors, torch or distcp)")
 
 
 def _write_small(path: str, data: bytes) -> None:

@@ -58,6 +58,10 @@ class MegatronLoader(CheckpointLoader):
         from .torch_io import safe_load, tensor_infos
 
         root, iteration = self._locate(path)
+        if is_distributed(root):  # --load-model-type mg names Megatron's checkpoints, whichever --ckpt-format saved them
+            from .torch_dist import TorchDistLoader
+
+            return TorchDistLoader().open(path, options)
         ranks: dict[tuple[int, int], str] = {}
         for entry in sorted(os.listdir(root)):
             parts = parse_rank_dir(entry)
@@ -183,10 +187,9 @@ class MegatronLoader(CheckpointLoader):
             root = os.path.join(path, iteration_dir(iteration))
             if not os.path.isdir(root):
                 raise CorruptCheckpoint(f"{TRACKER} in {path} names iteration {iteration} but {root} does not exist")
-            if is_distributed(root):
-                raise CorruptCheckpoint(f"{root} is a torch_dist (distributed) checkpoint; this loader reads the "
-                                        "legacy torch format (save with --ckpt-format torch)")
             return root, iteration
+        if is_distributed(path):  # a torch_dist iteration folder itself
+            return path, iteration_of(os.path.basename(os.path.normpath(path))) or RELEASE
         if any(parse_rank_dir(e) for e in os.listdir(path)):  # the user pointed at iter_XXXXXXX itself
             found = iteration_of(os.path.basename(os.path.normpath(path)))
             return path, found if found is not None else RELEASE
