@@ -39,7 +39,7 @@ from .megatron_layout import (DIST_COMMON, DIST_CONTENT, DIST_CONTENT_JSON, DIST
 from .preflight import check_tensor_split, check_vocab
 from .resolve import resolve_family, weight_map_for
 
-__all__ = ["TorchDistLoader", "TorchDistSaver", "dist_entries", "locate_dist"]
+__all__ = ["TorchDistLoader", "TorchDistSaver", "dist_entries", "inspect_dist", "locate_dist"]
 
 _LAYER_KEY = re.compile(r"decoder\.layers\.(\d+)\.(.+)\Z")
 # keys of a torch_dist checkpoint that are not the model's weights
@@ -95,6 +95,56 @@ def locate_dist(path: str) -> tuple[str, int | str | None]:
     if is_distributed(path):
         return path, iteration_of(os.path.basename(os.path.normpath(path)))
     raise CorruptCheckpoint(f"{path} has neither {TRACKER} nor {DIST_METADATA}: not a torch_dist checkpoint")
+
+
+def inspect_dist(root: str) -> list[Finding]:
+    """What is wrong with the torch_dist iteration folder ``root`` as files: metadata, data files, coverage.
+
+    Reads ``.metadata`` only (and the data files' sizes): an interrupted or partial save —
+    a rank that never wrote its file, a truncated file, chunks that do not cover a tensor —
+    shows here before megatron-core fails on it mid-load.
+    """
+    import math
+
+    from .torch_dist_io import read_dist_metadata
+
+    meta_path = os.path.join(root, DIST_METADATA)
+    problems = []
+    if not os.path.isfile(os.path.join(root, DIST_COMMON)):
+        problems.append(Finding("dist-incomplete", f"{root} has no {DIST_COMMON} (args, iteration)",
+                                "the save was interrupted; load an earlier iteration"))
+    if not os.path.isfile(meta_path):
+        problems.append(Finding("dist-incomplete", f"{root} has no {DIST_METADATA}: the save did not finish "
+                                "(torch.distributed.checkpoint writes it last)", "load an earlier iteration"))
+        return problems
+    try:
+        metadata = read_dist_metadata(meta_path)
+    except CorruptCheckpoint as exc:
+        return problems + [Finding("dist-metadata", str(exc), "load an earlier iteration")]
+    sizes: dict[str, int] = {}
+    short = []
+    for info in metadata.storage_data.values():
+        rel = info.relative_path
+        if rel not in sizes:
+            file = os.path.join(root, rel)
+            sizes[rel] = os.path.getsize(file) if os.path.isfile(file) else -1
+        if 0 <= sizes[rel] < info.offset + info.length:
+            short.append(rel)
+    missing = sorted(r for r, n in sizes.items() if n < 0)
+    if missing:
+        problems.append(Finding("dist-incomplete", f"{root} lacks {len(missing)} data file(s) its {DIST_METADATA} "
+                                f"names: {', '.join(missing[:6])}", "copy the whole iteration folder, or load an "
+                                "earlier iteration"))
+    if short:
+        problems.append(Finding("dist-truncated", f"{len(set(short))} data file(s) of {root} end before the items "
+                                f"{DIST_METADATA} places in them: {', '.join(sorted(set(short))[:6])}",
+                                "the copy or the save was cut short; copy it again or load an earlier iteration"))
+    gaps = [k for k, v in metadata.state_dict_metadata.items() if hasattr(v, "chunks")
+            and sum(math.prod(c.sizes) for c in v.chunks) != math.prod(v.size)]
+    if gaps:
+        problems.append(Finding("dist-coverage", f"{len(gaps)} tensor(s) of {root} are not covered by their chunks: "
+                                f"{', '.join(gaps[:6])}", "the checkpoint is incomplete; load an earlier iteration"))
+    return problems
 
 
 class TorchDistLoader(CheckpointLoader):
