@@ -4,7 +4,9 @@ A Qwen3-0.6B-shaped bf16 checkpoint (28 layers, hidden 1024, 16 heads / 8 KV hea
 MLP 3072, vocabulary 151936, tied embeddings: ~0.6 B parameters, ~1.2 GB) is generated as
 random tensors written straight into safetensors shards (no transformers model is built).
 Then, alternating and repeated: ``cp -r`` of the checkpoint, and ``ascend-patch convert``
-hf -> mg at TP1/PP1 and TP2/PP2 in a child process whose peak RSS is taken from wait4().
+hf -> mg at TP1/PP1 and TP2/PP2, hf -> torch_dist and torch_dist -> hf (Megatron-LM's default
+format, written and read without a model), each in a child process whose peak RSS is taken
+from wait4().
 Goals: throughput >= 0.5x the copy's, peak RSS <= 25% of the model's size.
 
     PYTHONPATH=. python benchmarks/convert.py [--repeats 7] [--keep]
@@ -121,7 +123,7 @@ def main() -> int:
 
     model_bytes = sum(2 * __import__("math").prod(s) for _, s in _tensors(CONFIG))
     free = shutil.disk_usage("/tmp").free
-    needed = int(model_bytes * 3.5)
+    needed = int(model_bytes * 4.5)  # source, one output, the torch_dist source, the copy's page cache slack
     if free < needed:
         print(f"need {needed / 1e9:.1f} GB free in /tmp, have {free / 1e9:.1f} GB", file=sys.stderr)
         return 1
@@ -143,13 +145,25 @@ def main() -> int:
         floor_s, floor_rss, _ = timed([sys.executable, "-c", "import ascend_patch.cli, ascend_patch.loaders.engine, "
                                     "ascend_patch.loaders.hf, ascend_patch.loaders.megatron, safetensors, tqdm"], env)
         torch_s, torch_rss, _ = timed([sys.executable, "-c", "import torch"], env)
-        runs: dict[str, list[tuple[float, int, int, float | None]]] = {"cp -r": [], "hf->mg TP1/PP1": [], "hf->mg TP2/PP2": []}
+        runs: dict[str, list[tuple[float, int, int, float | None]]] = {
+            "cp -r": [], "hf->mg TP1/PP1": [], "hf->mg TP2/PP2": [], "hf->torch_dist": [], "torch_dist->hf": []}
         layouts = {"hf->mg TP1/PP1": ("1", "1"), "hf->mg TP2/PP2": ("2", "2")}
+        # the torch_dist source of "torch_dist->hf": this converter's own output (one chunk per layer and tensor)
+        dist = os.path.join(root, "dist")
+        timed([sys.executable, "-m", "ascend_patch.cli", "convert", "--load-model-type", "hf", "--save-model-type",
+               "mg", "--ckpt-format", "torch_dist", "--load-dir", src, "--save-dir", dist, "--no-progress"], env)
         for _ in range(args.repeats):
             for name in runs:
                 dst = os.path.join(root, "out")
                 if name == "cp -r":
                     cmd = ["cp", "-r", src, dst]
+                elif name == "hf->torch_dist":
+                    cmd = [sys.executable, "-m", "ascend_patch.cli", "convert", "--load-model-type", "hf",
+                           "--save-model-type", "mg", "--ckpt-format", "torch_dist", "--load-dir", src,
+                           "--save-dir", dst, "--no-progress"]
+                elif name == "torch_dist->hf":
+                    cmd = [sys.executable, "-m", "ascend_patch.cli", "convert", "--load-model-type", "mg",
+                           "--save-model-type", "hf", "--load-dir", dist, "--save-dir", dst, "--no-progress"]
                 else:
                     tp, pp = layouts[name]
                     cmd = [sys.executable, "-m", "ascend_patch.cli", "convert", "--load-model-type", "hf",
