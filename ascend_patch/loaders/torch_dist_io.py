@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .blocks import CorruptCheckpoint
-from .torch_zip import Slot, TorchZipWriter, zip_bytes, zip_layout
+from .torch_zip import TORCH_DTYPES, Slot, TorchGlobal, TorchZipWriter, _Pickler, zip_bytes, zip_layout
 
 __all__ = [
     "ChunkRecord",
@@ -219,36 +219,57 @@ class DistcpWriter:
             self.fd = -1
 
 
+class _Call:
+    """Pickles as a call ``module.name(*args)`` (GLOBAL + REDUCE) without importing ``module``."""
+
+    def __init__(self, module: str, name: str, *args: Any) -> None:
+        self.fn, self.args = TorchGlobal(module, name), args
+
+    def __reduce__(self) -> Any:
+        return self.fn, self.args
+
+
+_DCP = "torch.distributed.checkpoint.metadata"
+DCP_VERSION = "1.0.0"  # torch.distributed.checkpoint.filesystem.CURRENT_DCP_VERSION of the torch this was built on
+
+
+def _size(dims: Sequence[int]) -> _Call:
+    return _Call("torch", "Size", tuple(int(d) for d in dims))
+
+
 def dumps_metadata(files: Sequence[tuple[str, Sequence[DistItem]]], dtypes: dict[str, str]) -> bytes:
     """The pickled ``Metadata`` describing ``files`` ((relative path, items in file order)).
 
     ``dtypes`` maps each tensor fqn to its dtype name. Items of one tensor fqn must agree on
     the global shape; together they must cover it (the saver guarantees that).
+
+    The pickle calls the constructors of torch.distributed.checkpoint's own types
+    (``Metadata``, ``TensorStorageMetadata(TensorProperties(dtype), torch.Size, chunks)``,
+    ``MetadataIndex``, ``_StorageInfo``, ...), so whoever loads it gets exactly the objects
+    torch's writer would have pickled (the tests compare them); it is written without
+    importing torch, whose import would cost a conversion more than its streaming does.
     """
-    import torch
-    from torch.distributed.checkpoint.filesystem import _StorageInfo
-    from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkStorageMetadata, Metadata,
-                                                       MetadataIndex, TensorProperties, TensorStorageMetadata)
-
-    from ..dtypes import torch_dtype
-
     state: dict[str, Any] = {}
+    chunks: dict[str, list[Any]] = {}
     storage: dict[Any, Any] = {}
     for relpath, items in files:
         pos = 0
         for item in items:
             length = item_length(item)
             if item.slot is None:
-                state[item.fqn] = BytesStorageMetadata()
-                index = MetadataIndex(item.fqn)
+                state[item.fqn] = _Call(_DCP, "BytesStorageMetadata")
+                index = _Call(_DCP, "MetadataIndex", item.fqn)
             else:
-                meta = state.get(item.fqn)
-                if meta is None:
-                    meta = state[item.fqn] = TensorStorageMetadata(
-                        TensorProperties(dtype=torch_dtype(dtypes[item.fqn])), torch.Size(item.global_shape), [])
-                meta.chunks.append(ChunkStorageMetadata(torch.Size(item.offsets), torch.Size(item.slot.shape)))
-                index = MetadataIndex(item.fqn, torch.Size(item.offsets))
-            storage[index] = _StorageInfo(relpath, pos, length)
+                if item.fqn not in state:
+                    chunks[item.fqn] = []
+                    props = _Call(_DCP, "TensorProperties", TORCH_DTYPES[dtypes[item.fqn]])
+                    state[item.fqn] = _Call(_DCP, "TensorStorageMetadata", props, _size(item.global_shape),
+                                            chunks[item.fqn])
+                chunks[item.fqn].append(_Call(_DCP, "ChunkStorageMetadata", _size(item.offsets), _size(item.slot.shape)))
+                index = _Call(_DCP, "MetadataIndex", item.fqn, _size(item.offsets))
+            storage[index] = _Call("torch.distributed.checkpoint.filesystem", "_StorageInfo", relpath, pos, length)
             pos += length
-    metadata = Metadata(state_dict_metadata=state, storage_data=storage)
-    return pickle.dumps(metadata)
+    metadata = _Call(_DCP, "Metadata", state, None, storage, None, DCP_VERSION)
+    buf = io.BytesIO()
+    _Pickler(buf, protocol=2).dump(metadata)
+    return buf.getvalue()

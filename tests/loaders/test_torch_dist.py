@@ -174,3 +174,43 @@ def test_cli_ckpt_format_chooses_the_megatron_output(hf_checkpoint, tmp_path):
     assert os.path.isfile(tmp_path / "out" / "iter_0000001" / ".metadata")
     refused = cli("--save-model-type", "hf", "--ckpt-format", "torch_dist", "--save-dir", str(tmp_path / "x"))
     assert refused.returncode == 2 and "--ckpt-format torch_dist chooses a Megatron output format" in refused.stderr
+
+
+def test_the_metadata_is_what_torchs_own_types_build(tmp_path):
+    """The saver pickles constructor calls of torch.distributed.checkpoint's types without importing torch."""
+    from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION, _StorageInfo
+    from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkStorageMetadata, Metadata,
+                                                       MetadataIndex, TensorProperties, TensorStorageMetadata)
+
+    from ascend_patch.loaders.torch_dist_io import DCP_VERSION, EXTRA_STATE_BYTES, DistItem, dumps_metadata
+    from ascend_patch.loaders.torch_zip import Slot
+
+    items = [DistItem("w", slot=Slot(f"w[{i}]", (1, 4, 2), "bfloat16"), global_shape=(2, 4, 2), offsets=(i, 0, 0))
+             for i in range(2)] + [DistItem("m._extra_state/shard_0_2", data=EXTRA_STATE_BYTES)]
+    got = pickle.loads(dumps_metadata([("__0_0.distcp", items)], {"w": "bfloat16"}))
+    first = got.storage_data[MetadataIndex("w", torch.Size([0, 0, 0]))].length  # both archives are this long
+    assert first > 4 * 2 * 2
+    want = Metadata(
+        state_dict_metadata={
+            "w": TensorStorageMetadata(TensorProperties(dtype=torch.bfloat16), torch.Size([2, 4, 2]),
+                                       [ChunkStorageMetadata(torch.Size([i, 0, 0]), torch.Size([1, 4, 2]))
+                                        for i in range(2)]),
+            "m._extra_state/shard_0_2": BytesStorageMetadata()},
+        storage_data={MetadataIndex("w", torch.Size([0, 0, 0])): _StorageInfo("__0_0.distcp", 0, first),
+                      MetadataIndex("w", torch.Size([1, 0, 0])): _StorageInfo("__0_0.distcp", first, first),
+                      MetadataIndex("m._extra_state/shard_0_2"): _StorageInfo("__0_0.distcp", 2 * first,
+                                                                             len(EXTRA_STATE_BYTES))},
+        version=CURRENT_DCP_VERSION)
+    assert got == want and DCP_VERSION == CURRENT_DCP_VERSION
+    assert torch.load(__import__("io").BytesIO(EXTRA_STATE_BYTES), weights_only=True) == [None]
+
+
+def test_writing_torch_dist_does_not_import_torch(hf_checkpoint, tmp_path):
+    hf, _ = hf_checkpoint("qwen3")
+    code = ("import sys; from ascend_patch.loaders.engine import convert; "
+            f"convert({hf!r}, {str(tmp_path / 'out')!r}, 'hf', 'torch_dist'); "
+            "print('torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], env=child_env(ASCEND_PATCH="0"), capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False"]
