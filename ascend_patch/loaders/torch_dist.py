@@ -202,6 +202,7 @@ class TorchDistLoader(CheckpointLoader):
             expected[fqn] = (cfg.num_layers, *plan.shape) if layer is not None else plan.shape
             by_layer[(fqn, layer)] = plan
         found = {k: tuple(v.size) for k, v in stored.items() if hasattr(v, "chunks") and not k.startswith(_NOT_MODEL)}
+        objects = {k: None for k, v in stored.items() if not hasattr(v, "chunks") and "._extra_state/shard_" in k}
         where = os.path.join(os.path.relpath(root, path) if root != path else ".", DIST_METADATA)
         problems += _key_problems(expected, found, where)
         tensors: dict[str, Any] = {}
@@ -268,7 +269,7 @@ class TorchDistLoader(CheckpointLoader):
             hf_config=dict(base or {}), generation_config=meta.get("generation_config"), layout=layout,
             naming="te", padded_vocab=padded,
             make_vocab_size_divisible_by=getattr(args, "make_vocab_size_divisible_by", None),
-            iteration=iteration, args=args, replicas=replicas, inventory={f"{where}#model": dict(found)},
+            iteration=iteration, args=args, replicas=replicas, inventory={f"{where}#model": {**found, **objects}},
             problems=problems, notes=notes)
 
 

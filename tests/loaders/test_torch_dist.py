@@ -55,7 +55,7 @@ def qwen3_dist(hf_checkpoint, tmp_path_factory):
 
 def test_hf_to_torch_dist_is_what_torch_reads_as_the_stacked_tp1_model(qwen3_dist):
     hf, root, result = qwen3_dist
-    assert result.verify.ok, result.verify.summary()
+    assert result.verify.ok and result.verify.key_sets_checked == 1, result.verify.summary()
     legacy = _legacy_tp1(str(root / "legacy"))
     layers = 1 + max(int(k.split(".")[2]) for k in legacy if k.startswith("decoder.layers."))
     shapes = {}
@@ -129,6 +129,11 @@ def test_a_checkpoint_torch_itself_wrote_with_whole_stacked_chunks(qwen3_dist, t
     assert out.verify.ok and out.source.iteration == 7
     want, got = hf_state(hf), hf_state(str(tmp_path / "hf"))
     assert set(want) == set(got) and all(torch.equal(want[k], got[k]) for k in want)
+    # it holds every tensor but none of the per-layer extra-state objects megatron-core also asks for
+    report = verify(str(tmp_path / "ckpt"))
+    assert [p.code for p in report.problems] == ["keys-missing"], report.summary()
+    assert "lacks 16 key(s)" in report.problems[0].message  # 4 layers x 4 linear layers (local spec)
+    assert "decoder.layers.mlp.linear_fc1._extra_state/shard_0_4" in report.problems[0].message
 
 
 def test_missing_and_foreign_tensors_are_refused_with_the_keys(qwen3_dist, tmp_path):
