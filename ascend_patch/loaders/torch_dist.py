@@ -386,8 +386,12 @@ class TorchDistSaver(CheckpointSaver):
                 f"{root}/{DIST_COMMON}": zip_bytes(common),
                 f"{root}/{DIST_CONTENT}": json.dumps(DIST_CONTENT_JSON).encode()}
         tracker = (RELEASE if iteration == RELEASE else str(iteration)).encode()
+        notes = []
+        if options.target_pp != 1 or options.target_vpp != 1 or options.num_layer_list:
+            notes.append("torch_dist is re-sharded on load: the pipeline layout flags have no effect on it "
+                         "(choose PP / virtual stages / an uneven split when launching)")
         return TargetPlan(files=files, side_files=side, commit_files={TRACKER: tracker}, layout=layout,
-                          naming="te", padded_vocab=padded,
+                          naming="te", padded_vocab=padded, notes=notes,
                           description=f"megatron torch_dist, {cfg.num_layers} layers stacked, {len(files)} "
                           f"file(s), padded vocabulary {padded} (TP {tp}), {options.naming} extra state, {dtype}")
 

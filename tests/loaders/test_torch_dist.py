@@ -219,3 +219,28 @@ def test_writing_torch_dist_does_not_import_torch(hf_checkpoint, tmp_path):
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["False"]
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_untied_and_biased_families_round_trip(family, hf_checkpoint, tmp_path):
+    """llama: an output layer of its own; qwen2: q/k/v biases, interleaved per group like the weights."""
+    hf, _ = hf_checkpoint(family)
+    out = convert(hf, str(tmp_path / "dist"), "hf", "torch_dist",
+                  ConvertOptions(verify=True, target_tp=2, target_pp=2, naming="te"))
+    assert out.verify.ok and out.verify.key_sets_checked == 1, out.verify.summary()
+    assert out.plan.notes == ["torch_dist is re-sharded on load: the pipeline layout flags have no effect on it "
+                              "(choose PP / virtual stages / an uneven split when launching)"]
+    held = read_keys(str(tmp_path / "dist" / "iter_0000001"))
+    assert ("output_layer.weight" in held) and (("decoder.layers.self_attention.linear_qkv.bias" in held)
+                                                == (family == "qwen2"))
+    assert "decoder.layers.self_attention.core_attention._extra_state/shard_3_4" in held  # the TE spec's objects
+    back = convert(str(tmp_path / "dist"), str(tmp_path / "hf"), "mg", "hf", ConvertOptions())
+    want, got = hf_state(hf), hf_state(str(tmp_path / "hf"))
+    assert back.source.format == "torch_dist"
+    assert set(want) == set(got) and all(torch.equal(want[k], got[k]) for k in want)
+
+
+def read_keys(iter_dir):
+    from ascend_patch.loaders.torch_dist_io import read_dist_metadata
+
+    return set(read_dist_metadata(os.path.join(iter_dir, ".metadata")).state_dict_metadata)
