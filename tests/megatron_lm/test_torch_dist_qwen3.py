@@ -10,9 +10,10 @@ iterations in the vendored pretrain_gpt.py with ``--ckpt-format torch_dist`` and
 * ``ascend-patch convert --ckpt-format torch_dist`` re-writes the trained checkpoint model-free;
   megatron-core's loader gets bit-identical logits from it over the true vocabulary (its padding
   rows are zero: the converter keeps the true vocabulary only, while Megatron trained its padding
-  rows a little), and Megatron-LM loads it at TP1 PP2 — not the TP2 PP2 it was trained at — and
-  continues: the first loss is the trained model's on the same tokens (transformers' logits with
-  the 84 zero padding columns of a TP1 vocabulary), the second is lower.
+  rows a little), and Megatron-LM resumes from it at TP1 PP2 — not the TP2 PP2 it was trained at —
+  at iteration 3 (``--no-load-optim --no-load-rng``: the saved args pass Megatron-LM's
+  check_checkpoint_args): the first loss is the trained model's on the same tokens (transformers'
+  logits with the 84 zero padding columns of a TP1 vocabulary), the next is lower.
 
 The data set repeats one 64-token pattern, so every training window is known (see
 test_converted_qwen3.py). fp32 throughout.
@@ -37,13 +38,13 @@ pytestmark = pytest.mark.slow
 WORKER = os.path.join(REPO, "tests", "loaders", "dist_logits_worker.py")
 
 
-def _train_args(model_args, work, tp, pp, load, *extra):
+def _train_args(model_args, work, tp, pp, load, *extra, start=("--finetune",), iters=2):
     return [*model_args, "--spec", "qwen3", "--transformer-impl", "local",
             "--tensor-model-parallel-size", str(tp), "--pipeline-model-parallel-size", str(pp),
-            "--load", str(load), "--finetune", "--ckpt-format", "torch_dist",
+            "--load", str(load), *start, "--ckpt-format", "torch_dist",
             "--hidden-dropout", "0", "--attention-dropout", "0",
             "--tokenizer-type", "NullTokenizer", "--data-path", str(work / "periodic"), "--split", "100,0,0",
-            "--seq-length", str(SEQ), "--micro-batch-size", "1", "--global-batch-size", "2", "--train-iters", "2",
+            "--seq-length", str(SEQ), "--micro-batch-size", "1", "--global-batch-size", "2", "--train-iters", str(iters),
             "--lr", "1e-4", "--log-interval", "1", "--eval-iters", "0", "--eval-interval", "1000", *extra]
 
 
@@ -71,7 +72,10 @@ def dist_runs(megatron_lm, tmp_path_factory):
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     megatron_logits, our_logits = torch.load(work / "logits.pt", weights_only=True)
-    resumed = megatron_lm.run(_train_args(model_args, work, 1, 2, work / "ours"), work / "resumed", nproc=2)
+    # a resume, not --finetune: Megatron-LM checks the saved args against the launch's and goes on from
+    # iteration 2 (the checkpoint holds no optimizer or RNG state, which the flags say)
+    resumed = megatron_lm.run(_train_args(model_args, work, 1, 2, work / "ours", start=("--no-load-optim",
+                                          "--no-load-rng"), iters=4), work / "resumed", nproc=2)
 
     import transformers
 
@@ -111,6 +115,6 @@ def test_megatron_lm_continues_from_our_torch_dist_at_another_tp_pp(dist_runs):
     resumed, hf, labels = dist_runs["resumed"], dist_runs["hf"].double(), dist_runs["labels"]
     padded = torch.cat([hf, torch.zeros(SEQ, 384 - VOCAB, dtype=hf.dtype)], dim=1)
     expected = torch.nn.functional.cross_entropy(padded, labels).item()
-    assert resumed.iterations == [1, 2]
+    assert resumed.iterations == [3, 4]
     assert resumed.losses[0] == pytest.approx(expected, rel=1e-6)
     assert resumed.losses[1] < resumed.losses[0]
