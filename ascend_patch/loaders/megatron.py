@@ -221,7 +221,7 @@ class MegatronSaver(CheckpointSaver):
         padded = padded_vocab_size(cfg.vocab_size, options.make_vocab_size_divisible_by, tp)
         dtype = canonical_dtype(options.params_dtype) if options.params_dtype else source.dtype
         iteration: int | str = options.iteration if options.iteration is not None else (
-            source.iteration if source.format == "mg" and source.iteration is not None else 1)
+            source.iteration if source.format in ("mg", "torch_dist") and source.iteration is not None else 1)
         args = build_args(cfg, layout, padded_vocab=padded, divisor=options.make_vocab_size_divisible_by,
                           dtype=dtype, naming=options.naming, iteration=iteration)
         meta = {"format_version": 1, "family": source.spec.name, "vocab_size": cfg.vocab_size,

@@ -96,6 +96,7 @@ def test_torch_dist_round_trips_bit_exact(qwen3_dist, tmp_path):
     assert set(want) == set(got) and all(torch.equal(want[k], got[k]) for k in want)
     # torch_dist -> legacy TP2 PP2 -> torch_dist: the same bytes in every tensor record
     convert(str(root / "dist"), str(tmp_path / "mg"), "torch_dist", "mg", ConvertOptions(target_tp=2, target_pp=2))
+    assert (tmp_path / "mg" / "latest_checkpointed_iteration.txt").read_text() == "1"  # the source's iteration
     again = convert(str(tmp_path / "mg"), str(tmp_path / "dist2"), "mg", "torch_dist", ConvertOptions(verify=True))
     assert again.verify.ok, again.verify.summary()
     report = verify(str(tmp_path / "dist2"), str(root / "dist"))
@@ -127,6 +128,8 @@ def test_a_checkpoint_torch_itself_wrote_with_whole_stacked_chunks(qwen3_dist, t
     assert detect_loader(str(tmp_path / "ckpt")) in ("mg", "torch_dist")
     out = convert(str(tmp_path / "ckpt"), str(tmp_path / "hf"), "mg", "hf", ConvertOptions(verify=True))
     assert out.verify.ok and out.source.iteration == 7
+    convert(str(tmp_path / "ckpt"), str(tmp_path / "mg"), "mg", "mg", ConvertOptions())
+    assert (tmp_path / "mg" / "iter_0000007").is_dir()  # Megatron -> Megatron keeps the iteration, either format
     want, got = hf_state(hf), hf_state(str(tmp_path / "hf"))
     assert set(want) == set(got) and all(torch.equal(want[k], got[k]) for k in want)
     # it holds every tensor but none of the per-layer extra-state objects megatron-core also asks for
