@@ -158,8 +158,9 @@ def _check_tensors(out: SourceCheckpoint, src: SourceCheckpoint | None, report: 
                                        f"{'source' if src is not None else 'tensors they replicate'}: "
                                        f"{', '.join(bad[:8])}{' ...' if len(bad) > 8 else ''}"))
     if nonzero_padding:
-        report.notes.append(f"{nonzero_padding} vocabulary-padding elements are non-zero (Megatron-LM pads "
-                            "with copies of the last row; harmless, they are trimmed on export)")
+        report.notes.append(f"{nonzero_padding} vocabulary-padding elements the source has no value for are "
+                            "non-zero (Megatron-LM's tools/checkpoint pads with copies of the last row; harmless, "
+                            "they are trimmed on export)")
 
 
 def _max_diff(a: Any, b: Any, dtype: str) -> float:

@@ -9,6 +9,12 @@ assembled from rectangular *pieces* of the HF tensors. Inverting and composing
 pieces gives mg -> hf and mg -> mg without a second description, and lets the
 converter stream: every output block is filled from exactly the source bytes it needs.
 
+Megatron's vocabulary padding rows are pieces of a canonical tensor of their own,
+:func:`padding_key` of the HF key, which no HF checkpoint holds: an mg -> mg conversion
+carries the rows a Megatron source holds (Megatron-LM trains them, and its cross
+entropy includes their logits), and :func:`compose` fills the rows a source lacks
+(an HF source, or a larger padded vocabulary) with zeros.
+
 Nothing here imports torch: a map is plain data.
 """
 
@@ -36,6 +42,8 @@ __all__ = [
     "NAMINGS",
     "invert",
     "compose",
+    "padding_key",
+    "is_padding",
     "coverage_gaps",
 ]
 
@@ -48,7 +56,8 @@ class Piece:
     """``dst[dst_start : dst_start+size] = src[src_start : src_start+size]`` (per dimension).
 
     ``src`` is a tensor id in the source space (an HF key for maps; a file-qualified
-    id after composition). ``src=None`` is a fill (zeros: Megatron's vocabulary padding).
+    id after composition). ``src=None`` is a fill (zeros: vocabulary padding rows the
+    source does not hold).
     """
 
     src: str | None
@@ -85,6 +94,19 @@ class ExtraState:
     """A ``<module>._extra_state`` entry megatron-core expects next to the weights (saved as None)."""
 
     key: str
+
+
+_PADDING = "#vocab-padding"
+
+
+def padding_key(hf_key: str) -> str:
+    """The canonical tensor holding the vocabulary padding rows that follow ``hf_key``'s rows."""
+    return hf_key + _PADDING
+
+
+def is_padding(key: str) -> bool:
+    """Whether ``key`` names vocabulary padding rows (see :func:`padding_key`)."""
+    return key.endswith(_PADDING)
 
 
 def _full(key: str, shape: Shape) -> tuple[Piece, ...]:
@@ -239,7 +261,11 @@ class GatedMLP(Rule):
 
 @dataclass(frozen=True)
 class VocabParallel(Rule):
-    """Embedding / output layer: rows padded to the padded vocabulary (zeros), then split on dim 0."""
+    """Embedding / output layer: rows padded to the padded vocabulary, then split on dim 0.
+
+    The padding rows are rows of :func:`padding_key` (``hf``): a Megatron source's own
+    padding, or zeros where the source has none (:func:`compose`).
+    """
 
     hf: str = ""
     shape: Shape = ()
@@ -252,7 +278,7 @@ class VocabParallel(Rule):
         if padded_vocab < vocab:
             raise LayoutError(f"padded vocabulary {padded_vocab} is smaller than the vocabulary {vocab}")
         n = _split(padded_vocab, tp, "padded vocabulary")
-        segs = [(names[self.hf], 0, vocab), (None, 0, padded_vocab - vocab)]
+        segs = [(names[self.hf], 0, vocab), (padding_key(names[self.hf]), 0, padded_vocab - vocab)]
         return (n, *rest), _take_rows(segs, rest, rank * n, (rank + 1) * n)
 
 
@@ -355,8 +381,9 @@ def invert(plans: Iterable[tuple[str, TensorPlan]]) -> tuple[dict[str, list[Piec
     non-overlapping list of pieces (src = physical id) covering what the physical tensors
     hold of canonical tensor K; ``replicas`` lists (canonical K, physical id, piece) that
     repeat a region already covered (replicated norms on every TP rank, the tied output
-    copy), which verification compares but conversion does not need. Fill pieces (padding)
-    have no canonical counterpart and are dropped.
+    copy), which verification compares but conversion does not need. Fill pieces (zeros)
+    have no canonical counterpart and are dropped; vocabulary padding rows are held as
+    :func:`padding_key` tensors, which only Megatron targets ask for.
     """
     primary: dict[str, list[Piece]] = {}
     seen: dict[str, dict[tuple[Shape, Shape], str]] = {}
@@ -395,27 +422,61 @@ def coverage_gaps(primary: Mapping[str, list[Piece]], shapes: Mapping[str, Shape
 
 
 def compose(plan: TensorPlan, source: Mapping[str, list[Piece]]) -> TensorPlan:
-    """Re-express ``plan`` (pieces over canonical tensors) over the physical tensors of ``source``."""
+    """Re-express ``plan`` (pieces over canonical tensors) over the physical tensors of ``source``.
+
+    Vocabulary padding rows (:func:`is_padding`) that ``source`` does not hold become
+    zero fills; every other canonical element must be held.
+    """
     out: list[Piece] = []
     for p in plan.pieces:
         if p.src is None:
             out.append(p)
             continue
         entries = source.get(p.src)
+        if is_padding(p.src):
+            out += _padding_pieces(plan.key, p, entries or ())
+            continue
         if not entries:
             raise LayoutError(f"{plan.key} needs {p.src}, which the source checkpoint does not hold")
-        got = 0
-        for e in entries:
-            # e: canonical region [e.dst_start, +e.size) lives in physical e.src at e.src_start.
-            lo = tuple(max(a, c) for a, c in zip(p.src_start, e.dst_start))
-            hi = tuple(min(a + s, c + z) for a, s, c, z in zip(p.src_start, p.size, e.dst_start, e.size))
-            if any(x >= y for x, y in zip(lo, hi)):
-                continue
-            size = tuple(y - x for x, y in zip(lo, hi))
-            out.append(Piece(e.src, tuple(u + x - c for u, x, c in zip(e.src_start, lo, e.dst_start)),
-                             tuple(b + x - a for b, x, a in zip(p.dst_start, lo, p.src_start)), size))
-            got += math.prod(size)
+        found = list(_overlaps(p, entries))
+        got = sum(math.prod(q.size) for q in found)
         if got != math.prod(p.size):
             raise LayoutError(f"the source checkpoint holds only {got} of the {math.prod(p.size)} elements of "
                               f"{p.src} that {plan.key} needs")
+        out += found
     return TensorPlan(plan.key, plan.shape, tuple(out), plan.rule)
+
+
+def _overlaps(p: Piece, entries: Iterable[Piece]) -> Iterable[Piece]:
+    """The parts of ``p`` (over canonical terms) that ``entries`` hold, over physical tensors."""
+    for e in entries:
+        # e: canonical region [e.dst_start, +e.size) lives in physical e.src at e.src_start.
+        lo = tuple(max(a, c) for a, c in zip(p.src_start, e.dst_start))
+        hi = tuple(min(a + s, c + z) for a, s, c, z in zip(p.src_start, p.size, e.dst_start, e.size))
+        if any(x >= y for x, y in zip(lo, hi)):
+            continue
+        yield Piece(e.src, tuple(u + x - c for u, x, c in zip(e.src_start, lo, e.dst_start)),
+                    tuple(b + x - a for b, x, a in zip(p.dst_start, lo, p.src_start)), tuple(y - x for x, y in zip(lo, hi)))
+
+
+def _padding_pieces(key: str, p: Piece, entries: Iterable[Piece]) -> list[Piece]:
+    """Padding rows: the ones the source holds, zeros for the rest (whole rows either way)."""
+    held = list(_overlaps(p, entries))
+    out = list(held)
+    row, end = p.dst_start[0], p.dst_start[0] + p.size[0]
+    for q in sorted(held, key=lambda q: q.dst_start[0]):
+        if tuple(q.size[1:]) != tuple(p.size[1:]):
+            raise LayoutError(f"{key}: the source splits the vocabulary padding {p.src} across columns; "
+                              "only row splits (TP) are supported")
+        if q.dst_start[0] > row:
+            out.append(_zero_rows(p, row, q.dst_start[0]))
+        row = max(row, q.dst_start[0] + q.size[0])
+    if row < end:
+        out.append(_zero_rows(p, row, end))
+    return out
+
+
+def _zero_rows(p: Piece, lo: int, hi: int) -> Piece:
+    """A zero fill for destination rows [lo, hi) of ``p``."""
+    shift = lo - p.dst_start[0]
+    return Piece(None, (p.src_start[0] + shift, *p.src_start[1:]), (lo, *p.dst_start[1:]), (hi - lo, *p.size[1:]))
