@@ -7,13 +7,13 @@ iterations in the vendored pretrain_gpt.py with ``--ckpt-format torch_dist`` and
   in transformers equal the trained model's, as megatron-core computes them after loading the
   checkpoint with its own re-sharding loader (``dist_checkpointing.load``, at TP1 PP1, in
   tests/loaders/dist_logits_worker.py).
-* ``ascend-patch convert --ckpt-format torch_dist`` re-writes the trained checkpoint model-free;
-  megatron-core's loader gets bit-identical logits from it over the true vocabulary (its padding
-  rows are zero: the converter keeps the true vocabulary only, while Megatron trained its padding
-  rows a little), and Megatron-LM resumes from it at TP1 PP2 — not the TP2 PP2 it was trained at —
-  at iteration 3 (``--no-load-optim --no-load-rng``: the saved args pass Megatron-LM's
-  check_checkpoint_args): the first loss is the trained model's on the same tokens (transformers'
-  logits with the 84 zero padding columns of a TP1 vocabulary), the next is lower.
+* ``ascend-patch convert --ckpt-format torch_dist`` re-writes the trained checkpoint model-free,
+  padded for TP1 (384 rows; Megatron-LM saved TP2's 512): megatron-core's loader gets bit-identical
+  logits from it over the whole TP1 padded vocabulary, the padding rows Megatron-LM trained
+  included. Megatron-LM then resumes at TP1 PP2 — not the TP2 PP2 it was trained at — at iteration
+  3 (``--no-load-optim --no-load-rng``: the saved args pass Megatron-LM's check_checkpoint_args)
+  twice, from its own checkpoint and from our re-write: the first losses are equal (Megatron's
+  cross entropy runs over the padded vocabulary, so zero padding would show), and training goes on.
 
 The data set repeats one 64-token pattern, so every training window is known (see
 test_converted_qwen3.py). fp32 throughout.
@@ -74,8 +74,12 @@ def dist_runs(megatron_lm, tmp_path_factory):
     megatron_logits, our_logits = torch.load(work / "logits.pt", weights_only=True)
     # a resume, not --finetune: Megatron-LM checks the saved args against the launch's and goes on from
     # iteration 2 (the checkpoint holds no optimizer or RNG state, which the flags say)
-    resumed = megatron_lm.run(_train_args(model_args, work, 1, 2, work / "ours", start=("--no-load-optim",
-                                          "--no-load-rng"), iters=4), work / "resumed", nproc=2)
+    resume = ("--no-load-optim", "--no-load-rng")
+    resumed = megatron_lm.run(_train_args(model_args, work, 1, 2, work / "ours", start=resume, iters=4),
+                              work / "resumed", nproc=2)
+    # the reference: Megatron-LM resuming its own checkpoint at the same TP1 PP2 (one iteration is enough)
+    own = megatron_lm.run(_train_args(model_args, work, 1, 2, work / "megatron", start=resume, iters=3),
+                          work / "own", nproc=2)
 
     import transformers
 
@@ -84,7 +88,7 @@ def dist_runs(megatron_lm, tmp_path_factory):
         hf_logits = model(torch.tensor(pattern)[None]).logits[0]
     labels = torch.tensor(np.concatenate([pattern[1:], pattern[:1]]))
     return dict(trained=trained, exported=exported, rewritten=rewritten, megatron=megatron_logits, ours=our_logits,
-                hf=hf_logits, resumed=resumed, labels=labels)
+                hf=hf_logits, resumed=resumed, own=own, labels=labels)
 
 
 def test_megatron_lm_saved_torch_dist_after_training(dist_runs):
@@ -107,14 +111,19 @@ def test_the_exported_hf_model_has_the_trained_logits(dist_runs):
 def test_our_torch_dist_holds_the_trained_weights_bit_for_bit(dist_runs):
     ours, megatron = dist_runs["ours"], dist_runs["megatron"]
     assert ours.shape == (SEQ, 384)  # padded for TP1 (--target-tensor-parallel-size 1, the default)
-    assert torch.equal(ours[:, :VOCAB], megatron[:, :VOCAB])
-    assert torch.count_nonzero(ours[:, VOCAB:]) == 0
+    # the trained padding rows too: the first 84 of Megatron-LM's 212
+    assert torch.equal(ours, megatron[:, :384])
+    assert torch.count_nonzero(ours[:, VOCAB:]) == SEQ * (384 - VOCAB)
+    assert "keeps the first 84 of the source's 212 vocabulary padding rows" in dist_runs["rewritten"]
 
 
-def test_megatron_lm_continues_from_our_torch_dist_at_another_tp_pp(dist_runs):
-    resumed, hf, labels = dist_runs["resumed"], dist_runs["hf"].double(), dist_runs["labels"]
-    padded = torch.cat([hf, torch.zeros(SEQ, 384 - VOCAB, dtype=hf.dtype)], dim=1)
-    expected = torch.nn.functional.cross_entropy(padded, labels).item()
-    assert resumed.iterations == [3, 4]
+def test_megatron_lm_continues_from_our_torch_dist_as_from_its_own(dist_runs):
+    resumed, own, labels = dist_runs["resumed"], dist_runs["own"], dist_runs["labels"]
+    assert resumed.iterations == [3, 4] and own.iterations == [3]
+    assert resumed.losses[0] == own.losses[0]
+    # and that loss is the trained model's over TP1's padded vocabulary, trained padding rows included
+    expected = torch.nn.functional.cross_entropy(dist_runs["megatron"][:, :384].double(), labels).item()
     assert resumed.losses[0] == pytest.approx(expected, rel=1e-6)
+    zero_padding = torch.cat([dist_runs["hf"].double(), torch.zeros(SEQ, 384 - VOCAB, dtype=torch.double)], dim=1)
+    assert abs(torch.nn.functional.cross_entropy(zero_padding, labels).item() - expected) > 1e-4
     assert resumed.losses[1] < resumed.losses[0]
