@@ -173,8 +173,9 @@ def test_compose_carries_the_padding_rows_a_megatron_source_holds(padded):
     g = torch.Generator().manual_seed(1)
     pads = {padding_key(k): torch.randn(512 - V, H, generator=g) for k in ("model.embed_tokens.weight", "lm_head.weight")}
     plans, stored = {}, {}
-    for (t, p), chunks in wm.megatron_ranks(Layout.build(L, tp=2, pp=2), padded_vocab=512).items():
-        for e in chunks[0]:
+    src_layout = Layout.build(L, tp=2, pp=2)
+    for t, p in src_layout.ranks():
+        for e in wm.megatron_chunk(src_layout, t, p, 0, "local", 512):
             if isinstance(e, TensorPlan):
                 plans[f"{t}{p}/{e.key}"] = e
                 stored[f"{t}{p}/{e.key}"] = _materialise(e, {**hf, **pads})
