@@ -421,11 +421,11 @@ def coverage_gaps(primary: Mapping[str, list[Piece]], shapes: Mapping[str, Shape
     return gaps
 
 
-def compose(plan: TensorPlan, source: Mapping[str, list[Piece]]) -> TensorPlan:
+def compose(plan: TensorPlan, source: Mapping[str, list[Piece]], *, fill_padding: bool = True) -> TensorPlan:
     """Re-express ``plan`` (pieces over canonical tensors) over the physical tensors of ``source``.
 
     Vocabulary padding rows (:func:`is_padding`) that ``source`` does not hold become
-    zero fills; every other canonical element must be held.
+    zero fills (unless ``fill_padding`` is False); every other canonical element must be held.
     """
     out: list[Piece] = []
     for p in plan.pieces:
@@ -433,50 +433,46 @@ def compose(plan: TensorPlan, source: Mapping[str, list[Piece]]) -> TensorPlan:
             out.append(p)
             continue
         entries = source.get(p.src)
-        if is_padding(p.src):
-            out += _padding_pieces(plan.key, p, entries or ())
+        if fill_padding and is_padding(p.src):
+            out += _padding_pieces(plan, p, entries or [], source)
             continue
         if not entries:
             raise LayoutError(f"{plan.key} needs {p.src}, which the source checkpoint does not hold")
-        found = list(_overlaps(p, entries))
-        got = sum(math.prod(q.size) for q in found)
+        got = 0
+        for e in entries:
+            # e: canonical region [e.dst_start, +e.size) lives in physical e.src at e.src_start.
+            lo = tuple(max(a, c) for a, c in zip(p.src_start, e.dst_start))
+            hi = tuple(min(a + s, c + z) for a, s, c, z in zip(p.src_start, p.size, e.dst_start, e.size))
+            if any(x >= y for x, y in zip(lo, hi)):
+                continue
+            size = tuple(y - x for x, y in zip(lo, hi))
+            out.append(Piece(e.src, tuple(u + x - c for u, x, c in zip(e.src_start, lo, e.dst_start)),
+                             tuple(b + x - a for b, x, a in zip(p.dst_start, lo, p.src_start)), size))
+            got += math.prod(size)
         if got != math.prod(p.size):
             raise LayoutError(f"the source checkpoint holds only {got} of the {math.prod(p.size)} elements of "
                               f"{p.src} that {plan.key} needs")
-        out += found
     return TensorPlan(plan.key, plan.shape, tuple(out), plan.rule)
 
 
-def _overlaps(p: Piece, entries: Iterable[Piece]) -> Iterable[Piece]:
-    """The parts of ``p`` (over canonical terms) that ``entries`` hold, over physical tensors."""
-    for e in entries:
-        # e: canonical region [e.dst_start, +e.size) lives in physical e.src at e.src_start.
-        lo = tuple(max(a, c) for a, c in zip(p.src_start, e.dst_start))
-        hi = tuple(min(a + s, c + z) for a, s, c, z in zip(p.src_start, p.size, e.dst_start, e.size))
-        if any(x >= y for x, y in zip(lo, hi)):
-            continue
-        yield Piece(e.src, tuple(u + x - c for u, x, c in zip(e.src_start, lo, e.dst_start)),
-                    tuple(b + x - a for b, x, a in zip(p.dst_start, lo, p.src_start)), tuple(y - x for x, y in zip(lo, hi)))
+def _padding_pieces(plan: TensorPlan, p: Piece, entries: list[Piece],
+                    source: Mapping[str, list[Piece]]) -> list[Piece]:
+    """Padding rows of ``p``: the rows the source holds composed as usual, zero fills for the others.
 
-
-def _padding_pieces(key: str, p: Piece, entries: Iterable[Piece]) -> list[Piece]:
-    """Padding rows: the ones the source holds, zeros for the rest (whole rows either way)."""
-    held = list(_overlaps(p, entries))
-    out = list(held)
-    row, end = p.dst_start[0], p.dst_start[0] + p.size[0]
-    for q in sorted(held, key=lambda q: q.dst_start[0]):
-        if tuple(q.size[1:]) != tuple(p.size[1:]):
-            raise LayoutError(f"{key}: the source splits the vocabulary padding {p.src} across columns; "
-                              "only row splits (TP) are supported")
-        if q.dst_start[0] > row:
-            out.append(_zero_rows(p, row, q.dst_start[0]))
-        row = max(row, q.dst_start[0] + q.size[0])
-    if row < end:
-        out.append(_zero_rows(p, row, end))
+    Megatron splits the vocabulary by rows only, so the source holds whole rows of it.
+    """
+    first, end = p.src_start[0], p.src_start[0] + p.size[0]
+    spans = sorted((max(first, e.dst_start[0]), min(end, e.dst_start[0] + e.size[0])) for e in entries)
+    out: list[Piece] = []
+    row = first
+    for lo, hi in [*((a, b) for a, b in spans if a < b), (end, end)]:
+        if lo > row:  # rows [row, lo) the source does not hold
+            out.append(Piece(None, (row, *p.src_start[1:]), (p.dst_start[0] + row - first, *p.dst_start[1:]),
+                             (lo - row, *p.size[1:])))
+        if hi > max(lo, row):
+            lo = max(lo, row)
+            held = Piece(p.src, (lo, *p.src_start[1:]), (p.dst_start[0] + lo - first, *p.dst_start[1:]),
+                         (hi - lo, *p.size[1:]))
+            out += compose(TensorPlan(plan.key, plan.shape, (held,), plan.rule), source, fill_padding=False).pieces
+        row = max(row, hi)
     return out
-
-
-def _zero_rows(p: Piece, lo: int, hi: int) -> Piece:
-    """A zero fill for destination rows [lo, hi) of ``p``."""
-    shift = lo - p.dst_start[0]
-    return Piece(None, (p.src_start[0] + shift, *p.src_start[1:]), (lo, *p.dst_start[1:]), (hi - lo, *p.size[1:]))
