@@ -6,7 +6,8 @@ one (16 layers, hidden 512, 64 experts of width 256 per layer, untied: ~0.57 B p
 ~1.15 GB) are generated as random tensors written straight into safetensors shards (no
 transformers model is built). Then, alternating and repeated: ``cp -r`` of each checkpoint,
 and ``ascend-patch convert`` hf -> mg (dense: TP1/PP1 and TP2/PP2; MoE: TP1/PP1/EP1 and
-TP2/PP2/EP4) in a child process whose peak RSS is taken from wait4().
+TP2/PP2/EP4; dense also hf -> torch_dist and torch_dist -> hf, Megatron-LM's
+default format, written and read without a model) in a child process whose peak RSS is taken from wait4().
 Goals: dense throughput >= 0.5x the copy's and peak RSS <= 25% of the model's size; MoE
 throughput >= 0.8x its copy's (best of runs), peak RSS <= 10% of the model and no larger than
 the dense model's.
@@ -171,7 +172,8 @@ def main() -> int:
         parser.error(f"--models takes {', '.join(MODELS)}; got {args.models!r}")
     sizes = {m: _model_bytes(MODELS[m]) for m in models}
     free = shutil.disk_usage("/tmp").free
-    needed = int(sum(sizes.values()) + 2.5 * max(sizes.values()))
+    # the sources, the dense torch_dist source, one output and the copy's page-cache slack
+    needed = int(sum(sizes.values()) + sizes.get("dense", 0) + 2.5 * max(sizes.values()))
     if free < needed:
         print(f"need {needed / 1e9:.1f} GB free in /tmp, have {free / 1e9:.1f} GB", file=sys.stderr)
         return 1
@@ -209,6 +211,17 @@ def main() -> int:
                     if (tp, pp, ep) == (1, 1, 1):  # --also=FLAG: the same conversion with a flag, side by side
                         for flag in args.also:
                             plan[f"{name} {flag}"] = (model, [*plan[name][1][:-1], flag, "--save-dir"])
+            if model == "dense":  # Megatron-LM's default format; its source is this converter's own output
+                dist = os.path.join(root, "dist-dense")
+                timed([sys.executable, "-m", "ascend_patch.cli", "convert", "--load-model-type", "hf",
+                       "--save-model-type", "mg", "--ckpt-format", "torch_dist", "--load-dir", sources[model],
+                       "--save-dir", dist, "--no-progress"], env)
+                plan["hf->torch_dist"] = (model, [
+                    sys.executable, "-m", "ascend_patch.cli", "convert", "--load-model-type", "hf", "--save-model-type",
+                    "mg", "--ckpt-format", "torch_dist", "--load-dir", sources[model], "--no-progress", "--save-dir"])
+                plan["torch_dist->hf"] = (model, [
+                    sys.executable, "-m", "ascend_patch.cli", "convert", "--load-model-type", "mg", "--save-model-type",
+                    "hf", "--load-dir", dist, "--no-progress", "--save-dir"])
         runs: dict[str, list[tuple[float, int, int, float | None]]] = {name: [] for name in plan}
         for _ in range(args.repeats):
             for name, (model, cmd) in plan.items():
@@ -235,7 +248,7 @@ def main() -> int:
             stream = min(phases) if phases else best
             if name.startswith("cp -r"):
                 cp[model] = (written / best, written / median)
-            else:
+            elif "torch_dist" not in name:  # the hf -> legacy conversions are what MoE and dense compare on
                 peak[model] = max(peak.get(model, 0), rss)
             cp_best, cp_median = cp[model]
             print(f"{name:<{w}} {written / 1e9:>10.3f} {best:>7.2f} {written / best / cp_best:>5.2f} {median:>9.2f} "
@@ -247,7 +260,7 @@ def main() -> int:
               "discovery and preflight. 'stream s' is the converter's own figure for its streaming phase (best run).")
         for model in models:
             print(f"{model} model size {sizes[model] / 1e9:.3f} GB; peak RSS of its conversions "
-                  f"{peak.get(model, 0) / 1e6:.0f} MB")
+                  f"{peak.get(model, 0) / 1e6:.0f} MB (hf -> mg legacy)")
         print(f"goals: dense >= 0.50x cp throughput and peak RSS <= 25% of its size; MoE >= 0.80x cp (best of runs), "
               "peak RSS <= 10% of its size and <= the dense model's")
         if "dense" in peak and "moe" in peak:

@@ -233,6 +233,9 @@ def probe_checkpoint(path: str, trust: bool = False) -> CheckpointLayout:
         layout.tp = layout.args.get("tensor_model_parallel_size")
         layout.pp = layout.args.get("pipeline_model_parallel_size")
         layout.ep = layout.args.get("expert_model_parallel_size")
+        from ..loaders.torch_dist import inspect_dist
+
+        layout.problems += inspect_dist(directory)
         return layout
     ranks = [(parse_rank_dir(e), e) for e in os.listdir(directory)]
     ranks = [(m, e) for m, e in ranks if m is not None and os.path.isdir(os.path.join(directory, e))]

@@ -17,7 +17,7 @@ from ..dtypes import SHORT_NAMES
 from ..errors import AscendPatchError
 from ..parallel import ParallelConfigError
 
-__all__ = ["register", "options_from_args", "run_convert", "run_verify"]
+__all__ = ["register", "options_from_args", "run_convert", "run_verify", "saver_for"]
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -59,6 +59,10 @@ def add_convert_arguments(p: argparse.ArgumentParser) -> None:
                      help="layers per virtual chunk (the other way to give the virtual pipeline size)")
     par.add_argument("--num-layer-list", type=_int_list, default=None,
                      help="layers per pipeline stage for an uneven split, e.g. 4,6,6,4")
+    par.add_argument("--ckpt-format", default=None, choices=("torch", "torch_dist"),
+                     help="mg output format, as Megatron-LM's --ckpt-format names it: torch (legacy, one file per "
+                     "rank, loads only at the TP/PP written; the default) or torch_dist (re-sharded on load to any "
+                     "TP/PP; --target-tensor-parallel-size then only sets the vocabulary padding)")
     par.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
     par.add_argument("--saver-transformer-impl", "--transformer-impl", dest="transformer_impl", default="local",
                      choices=("local", "transformer_engine", "te"),
@@ -137,7 +141,7 @@ def run_convert(args: argparse.Namespace) -> int:
     try:
         options = options_from_args(args)
         options = _resolve_vpp(options, args)
-        result = convert(args.load_dir, args.save_dir, args.loader, args.saver, options)
+        result = convert(args.load_dir, args.save_dir, args.loader, saver_for(args.saver, args.ckpt_format), options)
     except Interrupted as exc:
         print(f"ascend-patch convert: {exc}", file=sys.stderr)
         return 130
@@ -155,6 +159,20 @@ def run_convert(args: argparse.Namespace) -> int:
     if result.verify is not None and not result.verify.ok:
         return 1
     return 0
+
+
+def saver_for(saver: str, ckpt_format: str | None) -> str:
+    """The saver ``--save-model-type`` and ``--ckpt-format`` name together (mg + torch_dist -> torch_dist)."""
+    if ckpt_format is None:
+        return saver
+    from .formats import get_format_registry
+
+    registry = get_format_registry()
+    chosen = registry.saver(saver)
+    if chosen.name not in ("mg", "torch_dist"):
+        raise AscendPatchError(f"--ckpt-format {ckpt_format} chooses a Megatron output format, but --save-model-type "
+                               f"{saver} writes {chosen.name}; drop --ckpt-format, or use --save-model-type mg")
+    return "torch_dist" if ckpt_format == "torch_dist" else "mg"
 
 
 def _resolve_vpp(options: Any, args: argparse.Namespace) -> Any:

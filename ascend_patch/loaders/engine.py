@@ -30,7 +30,7 @@ import numpy as np
 from ..dtypes import itemsize
 from ..errors import AscendPatchError, Finding
 from ..models.registry import get_spec_registry
-from ..models.weightmap import Piece, TensorPlan, compose
+from ..models.weightmap import Piece, TensorPlan, compose, is_padding
 from ..parallel import LayoutError
 from .blocks import BlockFiller, raw_dtype, row_blocks
 from .formats import ConvertOptions, SourceCheckpoint, TargetFile, TargetPlan, get_format_registry
@@ -107,11 +107,28 @@ def prepare(load_dir: str, save_dir: str | None, loader: str, saver: str,
                 f.tensors = [compose(t, source.canonical) for t in f.tensors]
         except LayoutError as exc:
             problems.append(Finding("compose", str(exc)))
+        plan.notes += _padding_notes(source, plan)
     if save_dir is not None and not problems:
         problems += check_disk_space(save_dir, plan.nbytes + sum(map(len, plan.side_files.values())))
     if problems:
         raise PreflightError(problems)
     return source, plan
+
+
+def _padding_notes(source: SourceCheckpoint, plan: TargetPlan) -> list[str]:
+    """What an mg -> mg conversion did with the source's vocabulary padding rows (Megatron-LM trains them)."""
+    if plan.padded_vocab is None or source.padded_vocab is None or not any(map(is_padding, source.canonical)):
+        return []
+    vocab = source.config.vocab_size
+    have, need = source.padded_vocab - vocab, plan.padded_vocab - vocab
+    kept = f"the source's {have} vocabulary padding rows (after the {vocab} real ones)"
+    if need > have:
+        return [f"{kept} are kept; the target's padded vocabulary {plan.padded_vocab} (for its TP) adds {need - have} "
+                "new padding rows, written as zeros"]
+    if need < have:
+        return [f"the target's padded vocabulary {plan.padded_vocab} (for its TP) keeps the first {need} of {kept}; "
+                f"the last {have - need}, which belong to no token, are dropped"]
+    return [f"{kept} are kept unchanged"]
 
 
 def _with_extra(options: ConvertOptions, **extra: Any) -> ConvertOptions:
@@ -270,7 +287,11 @@ def _open_writer(target: TargetFile, path: str, options: ConvertOptions, page_of
         from .torch_zip import TorchZipWriter
 
         return TorchZipWriter(path, target.skeleton, crc=bool(options.extra.get("zip_crc", True)), page_offsets=page_offsets)
-    raise ValueError(f"{target.relpath}: unknown output file format {target.format!r} (safetensors or torch)")
+    if target.format == "distcp":
+        from .torch_dist_io import DistcpWriter
+
+        return DistcpWriter(path, target.skeleton["items"])
+    raise ValueError(f"{target.relpath}: unknown output file format {target.format!r} (safetensors, torch or distcp)")
 
 
 def _write_small(path: str, data: bytes) -> None:

@@ -62,6 +62,10 @@ class MegatronLoader(CheckpointLoader):
         from .torch_io import safe_load, tensor_infos
 
         root, iteration = self._locate(path)
+        if is_distributed(root):  # --load-model-type mg names Megatron's checkpoints, whichever --ckpt-format saved them
+            from .torch_dist import TorchDistLoader
+
+            return TorchDistLoader().open(path, options)
         parsed = {entry: parts for entry in sorted(os.listdir(root)) if (parts := parse_rank_dir(entry)) is not None}
         if not parsed:
             raise CorruptCheckpoint(f"{root} holds no mp_rank_* directories")
@@ -194,10 +198,9 @@ class MegatronLoader(CheckpointLoader):
             root = os.path.join(path, iteration_dir(iteration))
             if not os.path.isdir(root):
                 raise CorruptCheckpoint(f"{TRACKER} in {path} names iteration {iteration} but {root} does not exist")
-            if is_distributed(root):
-                raise CorruptCheckpoint(f"{root} is a torch_dist (distributed) checkpoint; this loader reads the "
-                                        "legacy torch format (save with --ckpt-format torch)")
             return root, iteration
+        if is_distributed(path):  # a torch_dist iteration folder itself
+            return path, iteration_of(os.path.basename(os.path.normpath(path))) or RELEASE
         if any(parse_rank_dir(e) for e in os.listdir(path)):  # the user pointed at iter_XXXXXXX itself
             found = iteration_of(os.path.basename(os.path.normpath(path)))
             return path, found if found is not None else RELEASE
@@ -233,7 +236,7 @@ class MegatronSaver(CheckpointSaver):
         padded = padded_vocab_size(cfg.vocab_size, options.make_vocab_size_divisible_by, tp)
         dtype = canonical_dtype(options.params_dtype) if options.params_dtype else source.dtype
         iteration: int | str = options.iteration if options.iteration is not None else (
-            source.iteration if source.format == "mg" and source.iteration is not None else 1)
+            source.iteration if source.format in ("mg", "torch_dist") and source.iteration is not None else 1)
         args = build_args(cfg, layout, padded_vocab=padded, divisor=options.make_vocab_size_divisible_by,
                           dtype=dtype, naming=options.naming, iteration=iteration)
         meta = {"format_version": 1, "family": source.spec.name, "vocab_size": cfg.vocab_size,

@@ -38,7 +38,10 @@ def build_args(cfg: ModelConfig, layout: Layout, *, padded_vocab: int, divisor: 
         num_attention_heads=cfg.num_attention_heads, num_query_groups=cfg.num_query_groups,
         group_query_attention=cfg.num_query_groups != cfg.num_attention_heads, kv_channels=cfg.kv_channels,
         max_position_embeddings=cfg.max_position_embeddings, seq_length=cfg.max_position_embeddings,
-        position_embedding_type=cfg.position_embedding_type, add_position_embedding=False,
+        position_embedding_type=cfg.position_embedding_type,
+        # Megatron-LM's own value for every model (only --no-position-embedding, deprecated, clears it);
+        # check_checkpoint_args refuses a resume whose checkpoint says otherwise
+        add_position_embedding=True,
         use_rotary_position_embeddings=cfg.position_embedding_type == "rope", rotary_base=cfg.rotary_base,
         rotary_percent=1.0, rotary_interleaved=False,
         normalization=cfg.normalization, norm_epsilon=cfg.norm_epsilon, apply_layernorm_1p=False,

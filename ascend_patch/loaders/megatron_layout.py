@@ -26,7 +26,12 @@ __all__ = [
     "RANK_FILE",
     "RELEASE",
     "TRACKER",
+    "DIST_COMMON",
+    "DIST_CONTENT",
+    "DIST_METADATA",
+    "DIST_CONTENT_JSON",
     "chunk_index",
+    "distcp_name",
     "chunk_names",
     "is_distributed",
     "iteration_dir",
@@ -42,6 +47,12 @@ __all__ = [
 TRACKER = "latest_checkpointed_iteration.txt"
 RANK_FILE = "model_optim_rng.pt"
 RELEASE = "release"
+# torch_dist (megatron-core dist_checkpointing on torch.distributed.checkpoint): one folder per iteration
+DIST_METADATA = ".metadata"  # torch.distributed.checkpoint's Metadata (pickle)
+DIST_COMMON = "common.pt"  # torch.save of what is not sharded: args, iteration, checkpoint_version
+DIST_CONTENT = "metadata.json"  # megatron-core's backend record
+DIST_CONTENT_JSON = {"sharded_backend": "torch_dist", "sharded_backend_version": 1, "common_backend": "torch",
+                     "common_backend_version": 1}
 
 _RANK_DIR = re.compile(r"mp_rank_(\d{2})(?:_(\d{3}))?(?:_(\d{3}))?\Z")
 _ITERATION_DIR = re.compile(r"iter_(\d+)\Z")
@@ -112,7 +123,12 @@ def read_tracker(path: str) -> int | str:
 def is_distributed(iteration_path: str) -> bool:
     """Whether an iteration folder holds a torch_dist checkpoint (re-sharded on load) rather than rank folders."""
     entries = os.listdir(iteration_path)
-    return ".metadata" in entries or "metadata.json" in entries or any(e.endswith(".distcp") for e in entries)
+    return DIST_METADATA in entries or DIST_CONTENT in entries or any(e.endswith(".distcp") for e in entries)
+
+
+def distcp_name(rank: int, index: int = 0) -> str:
+    """``__{rank}_{index}.distcp``: the data files torch.distributed.checkpoint's file-system writer names."""
+    return f"__{rank}_{index}.distcp"
 
 
 def chunk_names(keys: Iterable[object]) -> list[str]:

@@ -17,13 +17,15 @@ __all__ = ["ascend_patch_checkpoint_loaders", "ascend_patch_checkpoint_savers"]
 def ascend_patch_checkpoint_loaders() -> list[Any]:
     from .hf import HFLoader
     from .megatron import MegatronLoader
+    from .torch_dist import TorchDistLoader
 
-    return [HFLoader(), MegatronLoader()]
+    return [HFLoader(), MegatronLoader(), TorchDistLoader()]
 
 
 @hookimpl
 def ascend_patch_checkpoint_savers() -> list[Any]:
     from .hf import HFSaver
     from .megatron import MegatronSaver
+    from .torch_dist import TorchDistSaver
 
-    return [HFSaver(), MegatronSaver()]
+    return [HFSaver(), MegatronSaver(), TorchDistSaver()]

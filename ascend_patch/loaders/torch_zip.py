@@ -36,7 +36,8 @@ from typing import Any
 
 from ..dtypes import DTYPES, itemsize
 
-__all__ = ["Slot", "TorchGlobal", "TORCH_DTYPES", "TorchZipWriter", "ZIP64_LIMIT"]
+__all__ = ["Slot", "TorchGlobal", "TORCH_DTYPES", "TorchZipWriter", "ZIP64_LIMIT", "ZipLayout", "zip_layout",
+           "zip_bytes"]
 
 ALIGN = 64
 PAGE = 4096
@@ -155,6 +156,103 @@ except ImportError:  # pragma: no cover - isal is a dependency
 _CRC_CHUNK = 8 * 1024 * 1024
 
 
+@dataclass
+class ZipLayout:
+    """Where everything of one archive goes, relative to its first byte (computed without writing)."""
+
+    entries: list[_Entry]
+    data_entries: dict[str, _Entry]
+    payload: dict[str, bytes]
+    offsets: dict[str, int]
+    sizes: dict[str, int]
+    alignment: int
+    central_at: int
+    total: int
+
+    def write_head(self, fd: int, base: int = 0) -> None:
+        """Write everything but the tensor data: headers, small records, the central directory."""
+        for e in self.entries:
+            os.pwrite(fd, TorchZipWriter._local(e), base + e.header_offset)
+            if e.name in self.payload:
+                os.pwrite(fd, self.payload[e.name], base + e.data_offset)
+        central = b"".join(TorchZipWriter._central(e) for e in self.entries)
+        os.pwrite(fd, central + TorchZipWriter._end(self.central_at, len(central), len(self.entries)),
+                  base + self.central_at)
+
+    def head_bytes(self) -> bytes:
+        """The whole archive in memory, zeros where tensor data goes (for small archives only)."""
+        out = bytearray(self.total)
+        for e in self.entries:
+            local = TorchZipWriter._local(e)
+            out[e.header_offset:e.header_offset + len(local)] = local
+            if e.name in self.payload:
+                out[e.data_offset:e.data_offset + e.size] = self.payload[e.name]
+        central = b"".join(TorchZipWriter._central(e) for e in self.entries)
+        out[self.central_at:] = central + TorchZipWriter._end(self.central_at, len(central), len(self.entries))
+        return bytes(out)
+
+
+def zip_layout(obj: Any, archive: str = "archive", page_offsets: Mapping[str, int] | None = None,
+               path: str = "<archive>") -> ZipLayout:
+    """The layout ``torch.save(obj)`` would have, with each :class:`Slot` a tensor record (see the module doc)."""
+    page_offsets = page_offsets or {}
+    slots = list(_slots(obj))
+    refs: dict[str, _TensorReduce] = {}
+    keys: dict[str, str] = {}
+    for n, slot in enumerate(slots):
+        if slot.sid in refs:
+            raise ValueError(f"{path}: tensor id {slot.sid!r} appears twice")
+        keys[slot.sid] = str(n)
+        refs[slot.sid] = _TensorReduce(_StorageRef(str(n), slot.dtype, math.prod(slot.shape)), slot.shape)
+    buf = io.BytesIO()
+    _Pickler(buf, protocol=2).dump(_substitute(obj, refs))
+    # the alignment is known after layout; two digits keep the record's size fixed ("64", "08")
+    small = [("data.pkl", buf.getvalue()), ("byteorder", b"little"), (".storage_alignment", b"64")]
+    entries: list[_Entry] = [_Entry(f"{archive}/{name}", len(data)) for name, data in small]
+    sizes: dict[str, int] = {}
+    for slot in slots:
+        nbytes = math.prod(slot.shape) * itemsize(slot.dtype)
+        sizes[slot.sid] = nbytes
+        entries.append(_Entry(f"{archive}/data/{keys[slot.sid]}", nbytes))
+    tail = [("version", b"3\n")]
+    entries += [_Entry(f"{archive}/{name}", len(data)) for name, data in tail]
+    payload = {f"{archive}/{name}": data for name, data in small + tail}
+
+    residue = {e.name: page_offsets[slot.sid] % PAGE for slot, e in zip(slots, entries[len(small):])
+               if slot.sid in page_offsets and page_offsets[slot.sid] % itemsize(slot.dtype) == 0}
+    pos = 0
+    for e in entries:
+        e.header_offset = pos
+        zip64 = e.size >= ZIP64_LIMIT or pos >= ZIP64_LIMIT
+        base = 30 + len(e.name.encode()) + (20 if zip64 else 0)
+        pad = (-(pos + base + 4)) % ALIGN  # the padding field itself has a 4-byte header
+        if e.name in residue:
+            pad = (residue[e.name] - (pos + base + 4)) % PAGE
+        e.zip64, e.pad = zip64, pad
+        e.data_offset = pos + 30 + len(e.name.encode()) + e.extra_len
+        pos = e.data_offset + e.size
+    offsets = {slot.sid: e.data_offset for slot, e in zip(slots, entries[len(small):])}
+    alignment = ALIGN
+    while any(off % alignment for off in offsets.values()):
+        alignment //= 2
+    payload[f"{archive}/.storage_alignment"] = b"%02d" % alignment
+    for e in entries:
+        if e.name in payload:
+            e.crc = zlib.crc32(payload[e.name])
+    central_size = sum(len(TorchZipWriter._central(e)) for e in entries)
+    end = TorchZipWriter._end(pos, central_size, len(entries))
+    return ZipLayout(entries, {slot.sid: e for slot, e in zip(slots, entries[len(small):])}, payload, offsets,
+                     sizes, alignment, pos, pos + central_size + len(end))
+
+
+def zip_bytes(obj: Any) -> bytes:
+    """``torch.save(obj)``'s bytes for an object without tensors (a torch_dist ``common.pt``, an extra state)."""
+    lay = zip_layout(obj)
+    if lay.offsets:
+        raise ValueError("zip_bytes writes objects without tensor slots; use TorchZipWriter")
+    return lay.head_bytes()
+
+
 class TorchZipWriter:
     """One ``.pt`` file laid out at construction; tensor data arrives via :meth:`write` / :meth:`copy`.
 
@@ -167,68 +265,26 @@ class TorchZipWriter:
     """
 
     def __init__(self, path: str, obj: Any, archive: str = "archive", crc: bool = True,
-                 page_offsets: Mapping[str, int] | None = None) -> None:
+                 page_offsets: Mapping[str, int] | None = None, *, fd: int | None = None, base: int = 0) -> None:
         self.path, self.crc = path, crc
-        page_offsets = page_offsets or {}
-        slots = list(_slots(obj))
-        refs: dict[str, _TensorReduce] = {}
-        keys: dict[str, str] = {}
-        for n, slot in enumerate(slots):
-            if slot.sid in refs:
-                raise ValueError(f"{path}: tensor id {slot.sid!r} appears twice")
-            keys[slot.sid] = str(n)
-            refs[slot.sid] = _TensorReduce(_StorageRef(str(n), slot.dtype, math.prod(slot.shape)), slot.shape)
-        buf = io.BytesIO()
-        _Pickler(buf, protocol=2).dump(_substitute(obj, refs))
-        # the alignment is known after layout; two digits keep the record's size fixed ("64", "08")
-        small = [("data.pkl", buf.getvalue()), ("byteorder", b"little"), (".storage_alignment", b"64")]
-        entries: list[_Entry] = [_Entry(f"{archive}/{name}", len(data)) for name, data in small]
-        self.sizes: dict[str, int] = {}
-        for slot in slots:
-            nbytes = math.prod(slot.shape) * itemsize(slot.dtype)
-            self.sizes[slot.sid] = nbytes
-            entries.append(_Entry(f"{archive}/data/{keys[slot.sid]}", nbytes))
-        tail = [("version", b"3\n")]
-        entries += [_Entry(f"{archive}/{name}", len(data)) for name, data in tail]
-        payload = {f"{archive}/{name}": data for name, data in small + tail}
-
-        residue = {e.name: page_offsets[slot.sid] % PAGE for slot, e in zip(slots, entries[len(small):])
-                   if slot.sid in page_offsets and page_offsets[slot.sid] % itemsize(slot.dtype) == 0}
-        pos = 0
-        for e in entries:
-            e.header_offset = pos
-            zip64 = e.size >= ZIP64_LIMIT or pos >= ZIP64_LIMIT
-            base = 30 + len(e.name.encode()) + (20 if zip64 else 0)
-            pad = (-(pos + base + 4)) % ALIGN  # the padding field itself has a 4-byte header
-            if e.name in residue:
-                pad = (residue[e.name] - (pos + base + 4)) % PAGE
-            e.zip64, e.pad = zip64, pad
-            e.data_offset = pos + 30 + len(e.name.encode()) + e.extra_len
-            pos = e.data_offset + e.size
-        self.offsets = {slot.sid: e.data_offset for slot, e in zip(slots, entries[len(small):])}
-        self.alignment = ALIGN
-        while any(off % self.alignment for off in self.offsets.values()):
-            self.alignment //= 2
-        payload[f"{archive}/.storage_alignment"] = b"%02d" % self.alignment
-        self._entries = entries
-        self._data_entries = {slot.sid: e for slot, e in zip(slots, entries[len(small):])}
+        lay = zip_layout(obj, archive, page_offsets, path)
+        self.sizes = lay.sizes
+        self.alignment = lay.alignment
+        self.offsets = {sid: base + off for sid, off in lay.offsets.items()}
+        self._entries = lay.entries
+        self._data_entries = lay.data_entries
         self._segments: dict[str, list[tuple[int, int, int]]] = {sid: [] for sid in self.offsets}  # (at, n, crc)
-
-        central = bytearray()
-        for e in entries:
-            if e.name in payload:
-                e.crc = zlib.crc32(payload[e.name])
-            central += self._central(e)
-        end = self._end(pos, len(central), len(entries))
-        self.total = pos + len(central) + len(end)
-        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.ftruncate(self.fd, self.total)
-        for e in entries:
-            os.pwrite(self.fd, self._local(e), e.header_offset)
-            if e.name in payload:
-                os.pwrite(self.fd, payload[e.name], e.data_offset)
-        os.pwrite(self.fd, bytes(central) + end, pos)
-        self._central_at = pos
+        self.total = lay.total
+        self.base = base
+        # an archive embedded in a larger file (a torch_dist .distcp) writes into its owner's descriptor
+        self._owns_fd = fd is None
+        if fd is None:
+            self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.ftruncate(self.fd, self.total)
+        else:
+            self.fd = fd
+        lay.write_head(self.fd, base)
+        self._central_at = base + lay.central_at
 
     # -- zip records --------------------------------------------------------------------------
     @staticmethod
@@ -296,14 +352,15 @@ class TorchZipWriter:
             central = b"".join(self._central(e) for e in self._entries)
             os.pwrite(self.fd, central, self._central_at)
             for e in self._data_entries.values():
-                os.pwrite(self.fd, struct.pack("<I", e.crc), e.header_offset + 14)
-        os.close(self.fd)
+                os.pwrite(self.fd, struct.pack("<I", e.crc), self.base + e.header_offset + 14)
+        if self._owns_fd:
+            os.close(self.fd)
         self.fd = -1
 
     def abort(self) -> None:
-        if self.fd >= 0:
+        if self.fd >= 0 and self._owns_fd:
             os.close(self.fd)
-            self.fd = -1
+        self.fd = -1
 
 
 _buffers = threading.local()

@@ -158,8 +158,9 @@ def _check_tensors(out: SourceCheckpoint, src: SourceCheckpoint | None, report: 
                                        f"{'source' if src is not None else 'tensors they replicate'}: "
                                        f"{', '.join(bad[:8])}{' ...' if len(bad) > 8 else ''}"))
     if nonzero_padding:
-        report.notes.append(f"{nonzero_padding} vocabulary-padding elements are non-zero (Megatron-LM pads "
-                            "with copies of the last row; harmless, they are trimmed on export)")
+        report.notes.append(f"{nonzero_padding} vocabulary-padding elements the source has no value for are "
+                            "non-zero (Megatron-LM's tools/checkpoint pads with copies of the last row; harmless, "
+                            "they are trimmed on export)")
 
 
 def _max_diff(a: Any, b: Any, dtype: str) -> float:
@@ -186,6 +187,11 @@ def compare_keys(expected: dict[str, Any], found: dict[str, Any], where: str) ->
 
 
 def _check_key_sets(out: SourceCheckpoint, report: VerifyReport) -> None:
+    if out.format == "torch_dist":
+        for where, found in out.inventory.items():
+            report.problems += compare_keys(_dist_expected(out, found), found, f"{where} vs megatron-core GPTModel")
+            report.key_sets_checked += 1
+        return
     if out.layout is not None:
         from .mcore_keys import megatron_expected_state
 
@@ -211,6 +217,32 @@ def _check_key_sets(out: SourceCheckpoint, report: VerifyReport) -> None:
     found = {k: v for k, v in found.items() if not k.endswith("rotary_emb.inv_freq")}
     report.problems += compare_keys(expected, found, f"{out.path} vs transformers")
     report.key_sets_checked += 1
+
+
+def _dist_expected(out: SourceCheckpoint, found: dict[str, Any]) -> dict[str, Any]:
+    """The torch_dist keys of megatron-core's GPTModel (its TP 1 state dict, layers stacked; extra states as
+    per-layer objects of the local or the TE spec, whichever the checkpoint holds; the output layer's is never
+    saved)."""
+    import re
+
+    from ..parallel import Layout
+    from .mcore_keys import megatron_expected_state
+
+    layers = out.config.num_layers
+    layout = Layout.build(layers, 1, 1, 1)
+    tensors: dict[str, Any] = {}
+    objects: dict[str, dict[str, Any]] = {}
+    for naming in ("local", "te"):
+        objects[naming] = {}
+        for key, shape in megatron_expected_state(out.config, layout, 0, 0, naming, out.padded_vocab).items():
+            m = re.match(r"decoder\.layers\.(\d+)\.(.+)\Z", key)
+            if shape is None:
+                if m:
+                    objects[naming][f"decoder.layers.{m.group(2)}/shard_{m.group(1)}_{layers}"] = None
+            elif naming == "te":  # megatron-core's local spec saves its norms under the TE names too
+                tensors["decoder.layers." + m.group(2) if m else key] = (layers, *shape) if m else shape
+    held = {k for k in found if found[k] is None}
+    return {**tensors, **(objects["te"] if held == set(objects["te"]) else objects["local"])}
 
 
 def _transformers_state(path: str) -> dict[str, tuple[int, ...]] | None:

@@ -9,6 +9,12 @@ assembled from rectangular *pieces* of the HF tensors. Inverting and composing
 pieces gives mg -> hf and mg -> mg without a second description, and lets the
 converter stream: every output block is filled from exactly the source bytes it needs.
 
+Megatron's vocabulary padding rows are pieces of a canonical tensor of their own,
+:func:`padding_key` of the HF key, which no HF checkpoint holds: an mg -> mg conversion
+carries the rows a Megatron source holds (Megatron-LM trains them, and its cross
+entropy includes their logits), and :func:`compose` fills the rows a source lacks
+(an HF source, or a larger padded vocabulary) with zeros.
+
 Nothing here imports torch: a map is plain data.
 """
 
@@ -37,6 +43,8 @@ __all__ = [
     "NAMINGS",
     "invert",
     "compose",
+    "padding_key",
+    "is_padding",
     "coverage_gaps",
 ]
 
@@ -49,7 +57,8 @@ class Piece:
     """``dst[dst_start : dst_start+size] = src[src_start : src_start+size]`` (per dimension).
 
     ``src`` is a tensor id in the source space (an HF key for maps; a file-qualified
-    id after composition). ``src=None`` is a fill (zeros: Megatron's vocabulary padding).
+    id after composition). ``src=None`` is a fill (zeros: vocabulary padding rows the
+    source does not hold).
     """
 
     src: str | None
@@ -86,6 +95,19 @@ class ExtraState:
     """A ``<module>._extra_state`` entry megatron-core expects next to the weights (saved as None)."""
 
     key: str
+
+
+_PADDING = "#vocab-padding"
+
+
+def padding_key(hf_key: str) -> str:
+    """The canonical tensor holding the vocabulary padding rows that follow ``hf_key``'s rows."""
+    return hf_key + _PADDING
+
+
+def is_padding(key: str) -> bool:
+    """Whether ``key`` names vocabulary padding rows (see :func:`padding_key`)."""
+    return key.endswith(_PADDING)
 
 
 def _full(key: str, shape: Shape) -> tuple[Piece, ...]:
@@ -240,7 +262,11 @@ class GatedMLP(Rule):
 
 @dataclass(frozen=True)
 class VocabParallel(Rule):
-    """Embedding / output layer: rows padded to the padded vocabulary (zeros), then split on dim 0."""
+    """Embedding / output layer: rows padded to the padded vocabulary, then split on dim 0.
+
+    The padding rows are rows of :func:`padding_key` (``hf``): a Megatron source's own
+    padding, or zeros where the source has none (:func:`compose`).
+    """
 
     hf: str = ""
     shape: Shape = ()
@@ -253,7 +279,7 @@ class VocabParallel(Rule):
         if padded_vocab < vocab:
             raise LayoutError(f"padded vocabulary {padded_vocab} is smaller than the vocabulary {vocab}")
         n = _split(padded_vocab, tp, "padded vocabulary")
-        segs = [(names[self.hf], 0, vocab), (None, 0, padded_vocab - vocab)]
+        segs = [(names[self.hf], 0, vocab), (padding_key(names[self.hf]), 0, padded_vocab - vocab)]
         return (n, *rest), _take_rows(segs, rest, rank * n, (rank + 1) * n)
 
 
@@ -427,8 +453,9 @@ def invert(plans: Iterable[tuple[str, TensorPlan]]) -> tuple[dict[str, list[Piec
     non-overlapping list of pieces (src = physical id) covering what the physical tensors
     hold of canonical tensor K; ``replicas`` lists (canonical K, physical id, piece) that
     repeat a region already covered (replicated norms on every TP rank, the tied output
-    copy), which verification compares but conversion does not need. Fill pieces (padding)
-    have no canonical counterpart and are dropped.
+    copy), which verification compares but conversion does not need. Fill pieces (zeros)
+    have no canonical counterpart and are dropped; vocabulary padding rows are held as
+    :func:`padding_key` tensors, which only Megatron targets ask for.
     """
     primary: dict[str, list[Piece]] = {}
     seen: dict[str, dict[tuple[Shape, Shape], str]] = {}
@@ -466,14 +493,21 @@ def coverage_gaps(primary: Mapping[str, list[Piece]], shapes: Mapping[str, Shape
     return gaps
 
 
-def compose(plan: TensorPlan, source: Mapping[str, list[Piece]]) -> TensorPlan:
-    """Re-express ``plan`` (pieces over canonical tensors) over the physical tensors of ``source``."""
+def compose(plan: TensorPlan, source: Mapping[str, list[Piece]], *, fill_padding: bool = True) -> TensorPlan:
+    """Re-express ``plan`` (pieces over canonical tensors) over the physical tensors of ``source``.
+
+    Vocabulary padding rows (:func:`is_padding`) that ``source`` does not hold become
+    zero fills (unless ``fill_padding`` is False); every other canonical element must be held.
+    """
     out: list[Piece] = []
     for p in plan.pieces:
         if p.src is None:
             out.append(p)
             continue
         entries = source.get(p.src)
+        if fill_padding and is_padding(p.src):
+            out += _padding_pieces(plan, p, entries or [], source)
+            continue
         if not entries:
             raise LayoutError(f"{plan.key} needs {p.src}, which the source checkpoint does not hold")
         if len(entries) == 1 and not any(entries[0].dst_start) and not any(entries[0].src_start) and all(
@@ -496,3 +530,26 @@ def compose(plan: TensorPlan, source: Mapping[str, list[Piece]]) -> TensorPlan:
             raise LayoutError(f"the source checkpoint holds only {got} of the {math.prod(p.size)} elements of "
                               f"{p.src} that {plan.key} needs")
     return TensorPlan(plan.key, plan.shape, tuple(out), plan.rule)
+
+
+def _padding_pieces(plan: TensorPlan, p: Piece, entries: list[Piece],
+                    source: Mapping[str, list[Piece]]) -> list[Piece]:
+    """Padding rows of ``p``: the rows the source holds composed as usual, zero fills for the others.
+
+    Megatron splits the vocabulary by rows only, so the source holds whole rows of it.
+    """
+    first, end = p.src_start[0], p.src_start[0] + p.size[0]
+    spans = sorted((max(first, e.dst_start[0]), min(end, e.dst_start[0] + e.size[0])) for e in entries)
+    out: list[Piece] = []
+    row = first
+    for lo, hi in [*((a, b) for a, b in spans if a < b), (end, end)]:
+        if lo > row:  # rows [row, lo) the source does not hold
+            out.append(Piece(None, (row, *p.src_start[1:]), (p.dst_start[0] + row - first, *p.dst_start[1:]),
+                             (lo - row, *p.size[1:])))
+        if hi > max(lo, row):
+            lo = max(lo, row)
+            held = Piece(p.src, (lo, *p.src_start[1:]), (p.dst_start[0] + lo - first, *p.dst_start[1:]),
+                         (hi - lo, *p.size[1:]))
+            out += compose(TensorPlan(plan.key, plan.shape, (held,), plan.rule), source, fill_padding=False).pieces
+        row = max(row, hi)
+    return out

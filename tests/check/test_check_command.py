@@ -202,7 +202,9 @@ def test_distributed_checkpoint_reshards_on_load(tmp_path):
     iteration = tmp_path / "dist" / "iter_0000010"
     iteration.mkdir(parents=True)
     (tmp_path / "dist" / "latest_checkpointed_iteration.txt").write_text("10")
-    (iteration / ".metadata").write_bytes(b"")
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save({"embedding.word_embeddings.weight": torch.zeros(4, 2)}, checkpoint_id=str(iteration), no_dist=True)
     torch.save({"args": argparse.Namespace(tensor_model_parallel_size=2, pipeline_model_parallel_size=4,
                                            num_layers=8)}, iteration / "common.pt")
     report = preflight(world_size=8, tp=1, pp=1, load=str(tmp_path / "dist"))

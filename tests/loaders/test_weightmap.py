@@ -9,8 +9,8 @@ from ascend_patch.loaders.blocks import BlockFiller
 from ascend_patch.loaders.formats import TensorInfo
 from ascend_patch.models.hf_config import load_hf_config
 from ascend_patch.parallel import Layout, LayoutError
-from ascend_patch.models.weightmap import (ExtraState, TensorPlan, compose,
-                                           coverage_gaps, invert)
+from ascend_patch.models.weightmap import (ExtraState, Piece, TensorPlan, compose,
+                                           coverage_gaps, invert, is_padding, padding_key)
 
 H, NH, NG, D, F, V, L = 64, 8, 2, 12, 96, 300, 4
 
@@ -39,8 +39,11 @@ def _memory(tensors):
 
 
 def _materialise(plan: TensorPlan, tensors) -> torch.Tensor:
+    """``plan`` filled from ``tensors`` (key -> tensor); padding rows they do not hold are zeros."""
     import numpy as np
 
+    held = {k: [Piece(k, (0,) * t.dim(), (0,) * t.dim(), tuple(t.shape))] for k, t in tensors.items()}
+    plan = compose(plan, held)
     out = np.empty(plan.shape, dtype=np.uint32)  # raw float32 bits
     BlockFiller(_memory(tensors)).fill(plan, 0, plan.shape[0], out, "float32")
     return torch.from_numpy(out.view(np.float32))
@@ -161,6 +164,34 @@ def test_invert_then_compose_reshards_without_hf():
     for key, shape in wm.hf_tensors().items():
         back = TensorPlan(key, shape, tuple(canonical[key]))
         assert torch.equal(_materialise(back, stored), hf[key])
+
+
+@pytest.mark.parametrize("padded", [384, 512, 768])
+def test_compose_carries_the_padding_rows_a_megatron_source_holds(padded):
+    wm = _wm("llama", tied=False, groups=4)  # the embedding and the output layer each have padding rows
+    hf = _random_hf(wm)
+    g = torch.Generator().manual_seed(1)
+    pads = {padding_key(k): torch.randn(512 - V, H, generator=g) for k in ("model.embed_tokens.weight", "lm_head.weight")}
+    plans, stored = {}, {}
+    src_layout = Layout.build(L, tp=2, pp=2)
+    for t, p in src_layout.ranks():
+        for e in wm.megatron_chunk(src_layout, t, p, 0, "local", 512):
+            if isinstance(e, TensorPlan):
+                plans[f"{t}{p}/{e.key}"] = e
+                stored[f"{t}{p}/{e.key}"] = _materialise(e, {**hf, **pads})
+    canonical, _ = invert(plans.items())
+    assert sorted(k for k in canonical if is_padding(k)) == sorted(pads)
+    assert coverage_gaps(canonical, wm.hf_tensors()) == {}  # the HF tensors alone, as before
+    for r in range(2):
+        chunk = _chunk(wm, Layout.build(L, tp=2), r, 0, padded=padded)
+        for key, hf_key in (("embedding.word_embeddings.weight", "model.embed_tokens.weight"),
+                            ("output_layer.weight", "lm_head.weight")):
+            full = torch.cat([hf[hf_key], pads[padding_key(hf_key)], torch.zeros(max(0, padded - 512), H)])[:padded]
+            assert torch.equal(_materialise(compose(chunk[key], canonical), stored), full.chunk(2)[r]), (key, r)
+    # an HF source holds no padding: zeros, and a composed plan names only physical tensors or fills
+    composed = compose(_chunk(wm, Layout.build(L), 0, 0, padded=padded)["embedding.word_embeddings.weight"],
+                       {k: [Piece(k, (0, 0), (0, 0), tuple(v.shape))] for k, v in hf.items()})
+    assert {p.src for p in composed.pieces} == {"model.embed_tokens.weight", None}
 
 
 def test_split_refusals():

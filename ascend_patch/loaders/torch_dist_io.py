@@ -1,0 +1,275 @@
+"""torch.distributed.checkpoint files, model-free: read the metadata, find each item's bytes, write items.
+
+A torch_dist folder (megatron-core's ``dist_checkpointing`` on top of
+``torch.distributed.checkpoint``) holds ``.metadata`` — a pickled
+:class:`~torch.distributed.checkpoint.metadata.Metadata`: every key's global shape, dtype
+and chunks (``state_dict_metadata``) and where each chunk's bytes are
+(``storage_data``: ``MetadataIndex(fqn, offset)`` -> ``_StorageInfo(relative_path, offset,
+length)``) — and ``__R_I.distcp`` files in which each chunk is a complete ``torch.save``
+archive of one tensor (``FileSystemWriter`` with the default ``torch_save`` serialization),
+or raw bytes for a non-tensor item (megatron-core's ``ShardedObject``: ``torch.save`` of a
+list).
+
+Reading uses torch's own ``Metadata`` types; only the unpickler is ours, restricted to
+those types (``FileSystemReader.read_metadata`` unpickles with no allowlist, and a
+checkpoint is input we did not write). Each chunk's tensor record is located inside its
+embedded archive from the archive's own directory (``zipfile``) and the tensor's pickle
+(``torch.load`` on the meta device reads no data), so the converter streams it like any
+other tensor. Writing builds the same ``Metadata`` objects and lays each item out as
+``torch.save`` would (:mod:`.torch_zip`), so the data streams in afterwards.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import zipfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .blocks import CorruptCheckpoint
+from .torch_zip import TORCH_DTYPES, Slot, TorchGlobal, TorchZipWriter, _Pickler, zip_bytes, zip_layout
+
+__all__ = [
+    "ChunkRecord",
+    "DistItem",
+    "DistcpWriter",
+    "chunk_record",
+    "dumps_metadata",
+    "item_length",
+    "read_dist_metadata",
+    "EXTRA_STATE_BYTES",
+]
+
+# megatron-core stores a ShardedObject as torch.save([data, ...]); the local spec's linear layers'
+# extra state is None (it exists only so the key set matches the Transformer-Engine spec's)
+EXTRA_STATE_BYTES = zip_bytes([None])
+
+_METADATA_MODULES = ("torch.distributed.checkpoint.",)
+_TORCH_NAMES = {"Size", "device", "layout", "memory_format", "strided", "contiguous_format", "preserve_format",
+                "channels_last", "channels_last_3d"}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """torch.distributed.checkpoint's metadata types, torch.Size, dtypes, paths; nothing else is constructed."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        import torch
+
+        if module.startswith(_METADATA_MODULES) or (module == "torch.serialization" and name == "_get_layout"):
+            return super().find_class(module, name)
+        if module == "pathlib" and name in ("PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"):
+            return super().find_class(module, name)  # StorageMeta.checkpoint_id as a path
+        if module == "torch" and (name in _TORCH_NAMES or isinstance(getattr(torch, name, None), torch.dtype)):
+            return getattr(torch, name)
+        raise CorruptCheckpoint(f"the torch_dist metadata names {module}.{name}, which a checkpoint's metadata never "
+                                "holds; refusing to unpickle it (nothing from the file was executed)")
+
+
+def read_dist_metadata(path: str) -> Any:
+    """The :class:`~torch.distributed.checkpoint.metadata.Metadata` in the file ``path`` (a ``.metadata``)."""
+    try:
+        with open(path, "rb") as f:
+            metadata = _MetadataUnpickler(f).load()
+    except CorruptCheckpoint:
+        raise
+    except Exception as exc:
+        raise CorruptCheckpoint(f"{path} cannot be read as torch.distributed.checkpoint metadata: {exc} "
+                                "(truncated or written by something else?)") from None
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    if not isinstance(metadata, Metadata) or not isinstance(metadata.state_dict_metadata, dict):
+        raise CorruptCheckpoint(f"{path} holds a {type(metadata).__name__}, not torch.distributed.checkpoint Metadata")
+    if not isinstance(metadata.storage_data, dict):
+        raise CorruptCheckpoint(f"{path} has no storage_data (where each chunk is); it was not written by "
+                                "torch.distributed.checkpoint's file-system writer")
+    return metadata
+
+
+class _FileView(io.RawIOBase):
+    """Bytes [offset, offset + length) of an open file, read on demand (zipfile / torch.load read little)."""
+
+    def __init__(self, fd: int, offset: int, length: int) -> None:
+        self.fd, self.base, self.length, self.pos = fd, offset, length, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        self.pos = pos if whence == 0 else self.pos + pos if whence == 1 else self.length + pos
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def readinto(self, buf: Any) -> int:
+        n = max(0, min(len(buf), self.length - self.pos))
+        data = os.pread(self.fd, n, self.base + self.pos) if n else b""
+        buf[:len(data)] = data
+        self.pos += len(data)
+        return len(data)
+
+
+@dataclass(frozen=True)
+class ChunkRecord:
+    """Where one chunk's tensor data is in its ``.distcp`` file, and its layout there."""
+
+    data_offset: int
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: Any  # torch.dtype
+
+
+def chunk_record(fd: int, path: str, offset: int, length: int) -> ChunkRecord:
+    """Locate the tensor saved at ``[offset, offset + length)`` of ``path`` (a ``torch.save`` archive)."""
+    import torch
+
+    view = _FileView(fd, offset, length)
+    try:
+        archive = zipfile.ZipFile(view)
+        records = [i for i in archive.infolist() if "/data/" in i.filename and not i.filename.endswith("/")]
+        tensor = torch.load(io.BufferedReader(_FileView(fd, offset, length)), map_location="meta", weights_only=True)
+    except Exception as exc:
+        raise CorruptCheckpoint(f"{path}: the item at bytes {offset}..{offset + length} is not a torch.save archive "
+                                f"of a tensor ({exc}); the file is truncated or was written differently") from None
+    if not isinstance(tensor, torch.Tensor) or len(records) != 1:
+        raise CorruptCheckpoint(f"{path}: the item at byte {offset} holds {type(tensor).__name__} with "
+                                f"{len(records)} data records, not one tensor")
+    info = records[0]
+    if info.compress_type != zipfile.ZIP_STORED:
+        raise CorruptCheckpoint(f"{path}: the tensor record at byte {offset} is compressed; torch.save never does that")
+    header = os.pread(fd, 30, offset + info.header_offset)
+    name_len, extra_len = int.from_bytes(header[26:28], "little"), int.from_bytes(header[28:30], "little")
+    data = offset + info.header_offset + 30 + name_len + extra_len
+    element = tensor.element_size()
+    return ChunkRecord(data + tensor.storage_offset() * element, tuple(tensor.shape), tuple(tensor.stride()),
+                       tensor.dtype)
+
+
+# -- writing ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DistItem:
+    """One item to write: a tensor chunk (``slot``) or a ShardedObject's bytes (``data``).
+
+    ``fqn`` is the key in ``state_dict_metadata``; ``global_shape`` / ``offsets`` place a
+    tensor chunk in its global tensor (the chunk's shape is ``slot.shape``).
+    """
+
+    fqn: str
+    slot: Slot | None = None
+    data: bytes | None = None
+    global_shape: tuple[int, ...] = ()
+    offsets: tuple[int, ...] = ()
+
+
+def item_length(item: DistItem) -> int:
+    """Bytes the item takes in its ``.distcp`` file."""
+    if item.slot is None:
+        return len(item.data or b"")
+    return zip_layout(item.slot).total
+
+
+class DistcpWriter:
+    """One ``.distcp`` file: each tensor item a ``torch.save`` archive laid out up front, written by sid."""
+
+    def __init__(self, path: str, items: Sequence[DistItem]) -> None:
+        self.path = path
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        self._zips: dict[str, TorchZipWriter] = {}
+        pos = 0
+        try:
+            for item in items:
+                if item.slot is None:
+                    os.pwrite(self.fd, item.data or b"", pos)
+                    pos += len(item.data or b"")
+                    continue
+                writer = TorchZipWriter(path, item.slot, fd=self.fd, base=pos)
+                self._zips[item.slot.sid] = writer
+                pos += writer.total
+            os.ftruncate(self.fd, pos)
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self.total = pos
+
+    def write(self, sid: str, byte_offset: int, data: memoryview) -> None:
+        self._zips[sid].write(sid, byte_offset, data)
+
+    def copy(self, sid: str, byte_offset: int, src_fd: int, src_offset: int, nbytes: int) -> None:
+        self._zips[sid].copy(sid, byte_offset, src_fd, src_offset, nbytes)
+
+    def close(self) -> None:
+        if self.fd < 0:
+            return
+        for writer in self._zips.values():
+            writer.close()
+        os.close(self.fd)
+        self.fd = -1
+
+    def abort(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class _Call:
+    """Pickles as a call ``module.name(*args)`` (GLOBAL + REDUCE) without importing ``module``."""
+
+    def __init__(self, module: str, name: str, *args: Any) -> None:
+        self.fn, self.args = TorchGlobal(module, name), args
+
+    def __reduce__(self) -> Any:
+        return self.fn, self.args
+
+
+_DCP = "torch.distributed.checkpoint.metadata"
+DCP_VERSION = "1.0.0"  # torch.distributed.checkpoint.filesystem.CURRENT_DCP_VERSION of the torch this was built on
+
+
+def _size(dims: Sequence[int]) -> _Call:
+    return _Call("torch", "Size", tuple(int(d) for d in dims))
+
+
+def dumps_metadata(files: Sequence[tuple[str, Sequence[DistItem]]], dtypes: dict[str, str]) -> bytes:
+    """The pickled ``Metadata`` describing ``files`` ((relative path, items in file order)).
+
+    ``dtypes`` maps each tensor fqn to its dtype name. Items of one tensor fqn must agree on
+    the global shape; together they must cover it (the saver guarantees that).
+
+    The pickle calls the constructors of torch.distributed.checkpoint's own types
+    (``Metadata``, ``TensorStorageMetadata(TensorProperties(dtype), torch.Size, chunks)``,
+    ``MetadataIndex``, ``_StorageInfo``, ...), so whoever loads it gets exactly the objects
+    torch's writer would have pickled (the tests compare them); it is written without
+    importing torch, whose import would cost a conversion more than its streaming does.
+    """
+    state: dict[str, Any] = {}
+    chunks: dict[str, list[Any]] = {}
+    storage: dict[Any, Any] = {}
+    for relpath, items in files:
+        pos = 0
+        for item in items:
+            length = item_length(item)
+            if item.slot is None:
+                state[item.fqn] = _Call(_DCP, "BytesStorageMetadata")
+                index = _Call(_DCP, "MetadataIndex", item.fqn)
+            else:
+                if item.fqn not in state:
+                    chunks[item.fqn] = []
+                    props = _Call(_DCP, "TensorProperties", TORCH_DTYPES[dtypes[item.fqn]])
+                    state[item.fqn] = _Call(_DCP, "TensorStorageMetadata", props, _size(item.global_shape),
+                                            chunks[item.fqn])
+                chunks[item.fqn].append(_Call(_DCP, "ChunkStorageMetadata", _size(item.offsets), _size(item.slot.shape)))
+                index = _Call(_DCP, "MetadataIndex", item.fqn, _size(item.offsets))
+            storage[index] = _Call("torch.distributed.checkpoint.filesystem", "_StorageInfo", relpath, pos, length)
+            pos += length
+    metadata = _Call(_DCP, "Metadata", state, None, storage, None, DCP_VERSION)
+    buf = io.BytesIO()
+    _Pickler(buf, protocol=2).dump(metadata)
+    return buf.getvalue()
