@@ -247,3 +247,14 @@ def read_keys(iter_dir):
     from ascend_patch.loaders.torch_dist_io import read_dist_metadata
 
     return set(read_dist_metadata(os.path.join(iter_dir, ".metadata")).state_dict_metadata)
+
+
+def test_an_moe_model_is_refused_before_anything_is_written(hf_checkpoint, tmp_path):
+    # megatron-core keys SequentialMLP experts on an expert axis of their own in torch_dist; a
+    # dense-style per-expert layout would be a checkpoint Megatron-LM cannot load
+    hf, _ = hf_checkpoint("qwen3_moe")
+    with pytest.raises(PreflightError) as err:
+        convert(hf, str(tmp_path / "dist"), "hf", "torch_dist")
+    text = str(err.value)
+    assert "qwen3_moe has 8 experts" in text and "--ckpt-format torch" in text
+    assert not (tmp_path / "dist").exists()
