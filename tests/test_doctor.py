@@ -26,7 +26,7 @@ def test_doctor_on_this_machine(tmp_path):
     assert "target (auto)   cpu: torch_npu is not installed; the cpu target runs everything on the host" in out
     assert "plugins         device (builtin): patches\n" in out
     assert "                models (builtin): spec gpt, spec llama, spec mixtral, spec qwen2, spec qwen3, spec qwen3_moe\n" in out
-    assert "                loaders (builtin): loader hf, loader mg, saver hf, saver mg\n" in out
+    assert "                loaders (builtin): loader hf, loader mg, loader torch_dist, saver hf, saver mg, saver torch_dist\n" in out
     assert "plugin failure" not in out
 
 
