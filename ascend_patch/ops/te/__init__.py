@@ -10,6 +10,8 @@ megatron-core's own TE wrappers (``TELinear``, ``TELayerNormColumnParallelLinear
 * :mod:`.norm` - ``LayerNorm``, ``RMSNorm`` (``npu_rms_norm`` on npu);
 * :mod:`.attention` - ``DotProductAttention`` (``npu_fusion_attention`` on npu), with
   context parallelism from :mod:`ascend_patch.ops.context_parallel`;
+* :mod:`.permutation` - MoE token permutations (``--moe-permute-fusion``); :mod:`.cross_entropy` - the
+  vocabulary-parallel loss (``--cross-entropy-fusion-impl te``);
 * :mod:`.fp8` - recipes, ``fp8_autocast``, ``FP8GlobalStateManager`` (FP8 off; FP8 asked
   for is an error naming the flags); :mod:`.distributed` - the RNG tracker.
 
@@ -103,6 +105,18 @@ def _ops(_catalog: Any) -> dict[str, Any]:
     return {"FusibleOperation": ops_api.FusibleOperation, "Sequential": ops_api.Sequential}
 
 
+def _permutation(_catalog: Any) -> dict[str, Any]:
+    from . import permutation
+
+    return {name: getattr(permutation, name) for name in permutation.__all__}
+
+
+def _cross_entropy(_catalog: Any) -> dict[str, Any]:
+    from . import cross_entropy
+
+    return {"parallel_cross_entropy": cross_entropy.parallel_cross_entropy}
+
+
 def _none(_catalog: Any) -> dict[str, Any]:
     return {}
 
@@ -119,11 +133,15 @@ SURFACE: dict[str, tuple[str, Builder, tuple[str, ...]]] = {
     "transformer_engine.common.recipe": ("FP8 recipes (configuration only; FP8 itself is refused)", _recipe, ()),
     "transformer_engine.pytorch": ("Linear, LayerNormLinear, GroupedLinear, LayerNorm, RMSNorm, DotProductAttention",
                                    _pytorch,
-                                   ("optimizers", "fp8", "distributed", "tensor", "ops")),
+                                   ("optimizers", "fp8", "distributed", "tensor", "ops", "permutation",
+                                    "cross_entropy")),
     "transformer_engine.pytorch.fp8": ("FP8 state (always off) and autocast", _fp8, ()),
     "transformer_engine.pytorch.distributed": ("the RNG tracker and recompute context", _distributed, ()),
     "transformer_engine.pytorch.tensor": ("quantized tensor types (none exists here)", _tensor, ()),
     "transformer_engine.pytorch.optimizers": ("TE's fused optimizers and multi-tensor ops", _optimizers, ()),
+    "transformer_engine.pytorch.permutation": ("MoE token permutations (--moe-permute-fusion)", _permutation, ()),
+    "transformer_engine.pytorch.cross_entropy": ("the vocabulary-parallel loss (--cross-entropy-fusion-impl te)",
+                                                 _cross_entropy, ()),
     "transformer_engine.pytorch.ops": ("the op-based API's names (using it is refused)", _ops, ()),
 }
 
