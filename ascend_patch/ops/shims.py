@@ -107,7 +107,8 @@ _TE_HINTS = {
     "attention": "TE's fused RoPE / packed-QKV helpers are not provided; megatron-core falls back to its own",
     "*": "ascend_patch's transformer_engine layer provides transformer_engine.pytorch.Linear, LayerNormLinear, "
          "GroupedLinear, LayerNorm, RMSNorm, DotProductAttention, fp8_autocast (FP8 off), .optimizers, "
-         ".distributed's RNG tracker, .permutation (--moe-permute-fusion), .cross_entropy "
+         ".distributed's RNG tracker, .permutation (--moe-permute-fusion), .router (--moe-router-fusion), "
+         ".cross_entropy "
          "(--cross-entropy-fusion-impl te) and transformer_engine.common.recipe; see docs/megatron.md for the "
          "coverage table",
 }

@@ -61,9 +61,3 @@ def test_te_spec_trains_like_the_local_spec_from_the_same_seed(result, style):
 def test_fp8_is_refused_when_the_config_is_made(result):
     assert result["fp8_error"].startswith("FP8Unavailable: TransformerConfig.fp8='hybrid' (--fp8-format)")
     assert "the cpu target does not have" in result["fp8_error"] and "--bf16" in result["fp8_error"]
-
-
-def test_the_fused_router_is_refused_naming_the_flag_when_the_config_is_made(result):
-    error = result["router_fusion_error"]
-    assert error.startswith("UnsupportedOnTarget: TransformerConfig.moe_router_fusion=True (--moe-router-fusion)")
-    assert "Drop --moe-router-fusion" in error

@@ -1,8 +1,10 @@
-"""The TE layer's MoE permutations and parallel cross entropy against megatron-core's own unfused functions.
+"""The TE layer's MoE permutations, router and parallel cross entropy against megatron-core's unfused functions.
 
 megatron-core's ``--moe-permute-fusion`` swaps ``moe_utils.permute`` / ``unpermute`` /
-``sort_chunks_by_idxs`` for ``transformer_engine.pytorch.permutation``'s functions, and
-``--cross-entropy-fusion-impl te`` swaps ``vocab_parallel_cross_entropy`` for
+``sort_chunks_by_idxs`` for ``transformer_engine.pytorch.permutation``'s functions,
+``--moe-router-fusion`` swaps ``topk_routing_with_score_function`` /
+``compute_routing_scores_for_aux_loss`` / ``switch_load_balancing_loss_func`` for
+``transformer_engine.pytorch.router``'s, and ``--cross-entropy-fusion-impl te`` swaps ``vocab_parallel_cross_entropy`` for
 ``transformer_engine.pytorch.cross_entropy.parallel_cross_entropy``: each pair must give the same
 values and gradients (the Megatron-LM run with the flags is in tests/megatron_lm/test_moe_ep.py).
 """
@@ -110,6 +112,52 @@ def test_sort_chunks_by_index_is_megatrons(te, seeded):
     assert torch.equal(got[:5], x[:5]) and torch.equal(got[5:9], x[6:10])  # expert 0 of ranks 0, 1, 2 first
     for a, b in zip(grads((got, got_probs), (x, probs)), grads((want, want_probs), (x, probs))):
         assert torch.equal(a, b)
+
+
+ROUTINGS = {  # name -> keyword arguments of megatron's topk_routing_with_score_function
+    "softmax": {"score_function": "softmax"},
+    "pre-softmax, scaled": {"score_function": "softmax", "use_pre_softmax": True, "scaling_factor": 2.5},
+    "sigmoid with expert bias": {"score_function": "sigmoid", "expert_bias": "bias"},
+    "sigmoid, groups": {"score_function": "sigmoid", "num_groups": 4, "group_topk": 2},
+    "softmax, groups": {"score_function": "softmax", "num_groups": 2, "group_topk": 1, "use_pre_softmax": True},
+}
+
+
+@pytest.mark.parametrize("name", list(ROUTINGS))
+def test_fused_topk_routing_is_megatrons_unfused_routing(te, seeded, name):
+    from megatron.core.transformer.moe import moe_utils
+
+    from transformer_engine.pytorch import router
+
+    kwargs = dict(ROUTINGS[name])
+    if kwargs.get("expert_bias") == "bias":
+        kwargs["expert_bias"] = torch.randn(8) * 0.5  # moves the choice, not the weights
+    logits = torch.randn(11, 8)
+    a, b = logits.clone().requires_grad_(), logits.clone().requires_grad_()
+    got = router.fused_topk_with_score_function(logits=a, topk=4, **kwargs)
+    want = moe_utils.topk_routing_with_score_function(b, 4, **kwargs)
+    assert torch.equal(got[1], want[1]) and got[1].sum() == 11 * 4
+    assert torch.equal(got[0], want[0])
+    torch.testing.assert_close(grads((got[0],), (a,))[0], grads((want[0],), (b,))[0], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("score_function", ["softmax", "sigmoid"])
+def test_fused_aux_loss_scores_and_loss_are_megatrons(te, seeded, score_function):
+    from megatron.core.transformer.moe import moe_utils
+
+    from transformer_engine.pytorch import router
+
+    logits = torch.randn(10, 6)
+    a, b = logits.clone().requires_grad_(), logits.clone().requires_grad_()
+    got_map, got_scores = router.fused_compute_score_for_moe_aux_loss(logits=a, topk=2, score_function=score_function)
+    want_map, want_scores = moe_utils.compute_routing_scores_for_aux_loss(b, 2, score_function)
+    assert torch.equal(got_map, want_map) and torch.equal(got_scores, want_scores)
+    tokens = want_map.sum(dim=0)
+    got = router.fused_moe_aux_loss(probs=got_scores, tokens_per_expert=tokens, total_num_tokens=10, topk=2,
+                                    num_experts=6, coeff=1e-2)
+    want = moe_utils.switch_load_balancing_loss_func(want_scores, tokens, 10, 2, 6, 1e-2)
+    assert torch.equal(got, want) and 0.9e-2 < got.item() < 1.5e-2  # about coeff for a fresh router
+    torch.testing.assert_close(torch.autograd.grad(got, a)[0], torch.autograd.grad(want, b)[0], rtol=0, atol=0)
 
 
 def _cross_entropy_worker(rank: int, world: int, port: int, out: str) -> None:

@@ -7,11 +7,6 @@ The patch checks ``TransformerConfig`` as it is made (Megatron-LM makes it from 
 before building anything) and refuses ``fp8``, ``fp4``, ``fp8_param`` and ``fp4_param``, naming
 Megatron-LM's flags and what to use instead. It applies only while the real Transformer Engine is
 missing (the shim is what megatron would run).
-
-The same check refuses ``moe_router_fusion`` (``--moe-router-fusion``): megatron-core 0.16 imports
-TE's fused router kernels (``transformer_engine.pytorch.router``) only from TE 2.7, and the layer
-reports 2.6, so megatron would only fail at the first forward with "Please install TE >= 2.6.0"
-(which it is). The unfused router megatron uses without the flag computes the same routing.
 """
 
 from __future__ import annotations
@@ -34,16 +29,7 @@ def _real_te_installed() -> bool:
 
 
 def refuse_fp8_config(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """``TransformerConfig.__post_init__`` that first refuses FP8/FP4 settings (and the fused router) the
-    target cannot run."""
-    if getattr(instance, "moe_router_fusion", False) and not _real_te_installed():
-        from ...unsupported import UnsupportedOnTarget
-
-        raise UnsupportedOnTarget(
-            "TransformerConfig.moe_router_fusion=True (--moe-router-fusion): Transformer Engine's fused MoE router "
-            "kernels (transformer_engine.pytorch.router, TE >= 2.7) are not provided by ascend_patch's "
-            "transformer_engine layer. Drop --moe-router-fusion: megatron-core's unfused top-k routing and aux loss "
-            "compute the same values (--moe-permute-fusion and --cross-entropy-fusion-impl te are provided)")
+    """``TransformerConfig.__post_init__`` that first refuses FP8/FP4 settings the target cannot run."""
     asked = [(name, flag, getattr(instance, name, None)) for name, flag in _FIELDS if getattr(instance, name, None)]
     if asked and not _real_te_installed():
         from ...backend import active_backend
