@@ -7,10 +7,13 @@ QKV, gated fc1) for any TP without starting TP processes. Each chunk is built as
 one-stage model with its own layer count and ``pre_process`` / ``post_process`` flags,
 which is how megatron-core names a pipeline stage's keys (stage-local layer indices).
 
-Only the local spec can be built here (Transformer Engine does not exist on Ascend or
-cpu); the TE key set is derived from it: the pre-attention / pre-MLP norms fold into
-``linear_qkv.layer_norm_weight`` / ``linear_fc1.layer_norm_weight`` and
-``core_attention`` gains an ``_extra_state``.
+The local spec is built (it needs nothing applied: this runs in the converter, outside any
+patched process); the TE key set is derived from it: the pre-attention / pre-MLP norms fold
+into ``linear_qkv.layer_norm_weight`` / ``linear_fc1.layer_norm_weight`` and ``core_attention``
+gains an ``_extra_state``. That derivation is what a TE-spec ``GPTModel`` built on
+ascend_patch's Transformer-Engine-compatible layer holds (``tests/megatron/test_te_spec.py``
+compares the two), and what Megatron-LM's default ``--transformer-impl transformer_engine``
+saves on npu and cpu.
 """
 
 from __future__ import annotations

@@ -2,9 +2,12 @@
 
 Prints the flags Megatron-LM / the example ``pretrain_gpt.py`` need to build the model
 that ``config.json`` describes, with the layer spec that serves it and the vocabulary
-(true size, and the padded size Megatron will build for the TP size given). The argv is
-valid Megatron: Megatron has no flag for the padded vocabulary, it pads ``--vocab-size``
-itself. ``--check FLAG ...`` compares a command line with the config instead and lists
+(true size, and the padded size Megatron will build for the TP size given): the
+architecture, the dropout rates the model trains with (Megatron's default is 0.1), and
+``--spec NAME``, the family's layer spec, whose state-dict names are the ones ``ascend-patch
+convert`` writes (under ascend_patch, Megatron-LM's ``--spec`` takes the registered name).
+The argv is valid Megatron: Megatron has no flag for the padded vocabulary, it pads
+``--vocab-size`` itself. ``--check FLAG ...`` compares a command line with the config instead and lists
 each disagreement (exit status 1 when there is one); ``ascend-patch check`` uses
 :func:`disagreements` for the same comparison.
 """
@@ -137,7 +140,7 @@ def format_args(mc: ModelConfig, spec: str, fmt: str = "lines", tensor_parallel_
         return json.dumps({"spec": spec, "args": args, "vocab": {
             "true": mc.vocab_size, "padded": padded, "tensor_parallel_size": tensor_parallel_size,
             "divisible_by": make_vocab_size_divisible_by}}, indent=2)
-    argv = mc.megatron_argv(make_vocab_size_divisible_by=make_vocab_size_divisible_by)
+    argv = [*mc.megatron_argv(make_vocab_size_divisible_by=make_vocab_size_divisible_by), "--spec", spec]
     if fmt == "argv":
         return " ".join(argv)
     arch = ", ".join(mc.architectures) or mc.model_type
@@ -149,6 +152,7 @@ def format_args(mc: ModelConfig, spec: str, fmt: str = "lines", tensor_parallel_
     flags: list[str] = []
     for key, value in args.items():
         flags.append(f"--{key}" if value is True else f"--{key} {value}")
+    flags.append(f"--spec {spec}")
     lines += [f"{flag} \\" for flag in flags[:-1]] + flags[-1:]
     return "\n".join(lines)
 

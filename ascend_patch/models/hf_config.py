@@ -118,6 +118,9 @@ class ModelConfig:
                 args["rope-scaling-factor"] = scaling["rope_scaling_factor"]
         args["normalization"] = self.normalization
         args["norm-epsilon"] = self.norm_epsilon
+        # the rates config.json trains with: Megatron's default (0.1 both) is not the model's when they differ
+        args["hidden-dropout"] = self.hidden_dropout
+        args["attention-dropout"] = self.attention_dropout
         if self.activation == "swiglu":
             args["swiglu"] = True
         if not self.add_bias_linear:

@@ -106,8 +106,11 @@ _TE_HINTS = {
     "module": "TE's userbuffers (--tp-comm-overlap) are not available on this target; drop --tp-comm-overlap",
     "attention": "TE's fused RoPE / packed-QKV helpers are not provided; megatron-core falls back to its own",
     "*": "ascend_patch's transformer_engine layer provides transformer_engine.pytorch.Linear, LayerNormLinear, "
-         "LayerNorm, RMSNorm, DotProductAttention, fp8_autocast (FP8 off), .optimizers, .distributed's RNG "
-         "tracker and transformer_engine.common.recipe; see docs/megatron.md for the coverage table",
+         "GroupedLinear, LayerNorm, RMSNorm, DotProductAttention, fp8_autocast (FP8 off), .optimizers, "
+         ".distributed's RNG tracker, .permutation (--moe-permute-fusion), .router (--moe-router-fusion), "
+         ".cross_entropy "
+         "(--cross-entropy-fusion-impl te) and transformer_engine.common.recipe; see docs/megatron.md for the "
+         "coverage table",
 }
 _TE_OPT_HINTS = {
     "multi_tensor_adam_fp8": "fp8 optimizer states are not supported; use multi_tensor_adam",

@@ -46,10 +46,11 @@ def test_converted_qwen3_first_loss_equals_transformers(tmp_path, tp):
          "--load-dir", str(tmp_path / "hf"), "--save-dir", str(tmp_path / "mg"), "--params-dtype", "fp32", cwd=tmp_path)
     argv = _cli("args", "--hf-config", str(tmp_path / "hf"), "--format", "argv", cwd=tmp_path).split()
     assert "--qk-layernorm" in argv and "--untie-embeddings-and-output-weights" in argv
-    losses = run_example(str(tmp_path), tp, *argv, "--spec", "qwen3", "--tensor-model-parallel-size", str(tp),
+    assert argv[-2:] == ["--spec", "qwen3"] and argv[argv.index("--hidden-dropout") + 1] == "0.0"
+    losses = run_example(str(tmp_path), tp, *argv, "--tensor-model-parallel-size", str(tp),  # nothing by hand
                          "--load", str(tmp_path / "mg"), "--finetune", "--seq-length", str(SEQ),
                          "--micro-batch-size", str(MBS), "--global-batch-size", str(GBS), "--train-iters", "1",
-                         "--hidden-dropout", "0", "--attention-dropout", "0", "--no-rope-fusion")
+                         "--no-rope-fusion")
     batch = GPTSamples(load_tokens(None), SEQ).batch(list(range(GBS)))
     with torch.no_grad():
         logits = hf(batch["tokens"]).logits

@@ -26,6 +26,7 @@ EXPECTED = {
     "group-query-attention": True, "num-query-groups": 8, "kv-channels": 128,
     "max-position-embeddings": 40960, "position-embedding-type": "rope", "rotary-base": 1000000,
     "normalization": "RMSNorm", "norm-epsilon": 1e-06, "swiglu": True, "disable-bias-linear": True,
+    "hidden-dropout": 0.0, "attention-dropout": 0.0,
     "qk-layernorm": True, "vocab-size": 151936, "make-vocab-size-divisible-by": 128, "bf16": True,
 }
 
@@ -112,7 +113,17 @@ def test_args_command_prints_valid_argv_and_the_vocab(qwen3_dir, capsys):
     assert data["args"] == EXPECTED and data["vocab"] == {"true": 151936, "padded": 151936,
                                                           "tensor_parallel_size": 1, "divisible_by": 128}
     assert main(["args", "--hf-config", str(qwen3_dir), "--format", "argv"]) == 0
-    assert capsys.readouterr().out.split()[:2] == ["--num-layers", "28"]
+    argv = capsys.readouterr().out.split()
+    assert argv[:2] == ["--num-layers", "28"] and argv[-2:] == ["--spec", "qwen3"]
+    # Megatron's default dropout is 0.1; Qwen3 trains with none
+    assert argv[argv.index("--hidden-dropout") + 1] == argv[argv.index("--attention-dropout") + 1] == "0.0"
+    # what is printed is what --check accepts
+    assert main(["args", "--hf-config", str(qwen3_dir), "--check", *argv]) == 0
+    assert "agree" in capsys.readouterr().out
+    assert main(["args", "--hf-config", str(qwen3_dir), "--check", *argv, "--hidden-dropout", "0.1"]) == 1
+    assert "--hidden-dropout 0.1: config.json says 0.0" in capsys.readouterr().out.splitlines()
+    assert main(["args", "--hf-config", str(qwen3_dir)]) == 0
+    assert "--spec qwen3" in capsys.readouterr().out.splitlines()  # the lines format ends with it too
 
 
 def test_args_check_flags_each_disagreement(qwen3_dir, capsys):

@@ -2,8 +2,9 @@
 
 Only the command line and transformers: a tiny random Qwen3 is made from a transformers config,
 converted with ``ascend-patch convert``, and launched with the arguments ``ascend-patch args``
-prints plus ``--spec qwen3`` (the family the args command names), ``--load ... --finetune
---ckpt-format torch`` and the parallel layout.
+prints (the architecture, ``--spec qwen3``, transformers' dropout rates), ``--load ... --finetune
+--ckpt-format torch``, the parallel layout and the data: nothing about the model is added by hand,
+and Megatron-LM's ``--transformer-impl`` is left at its default.
 
 The tokens are known without re-implementing Megatron's data pipeline: the data set is one
 document repeating a random 64-token pattern, so every 65-token training window Megatron cuts from
@@ -78,11 +79,9 @@ def qwen3_run(megatron_lm, tmp_path_factory):
     printed = _cli("args", "--hf-config", str(work / "hf"), "--tensor-model-parallel-size", str(TP), "--format", "argv")
     model_args = shlex.split(printed)
     run = megatron_lm.run([
-        *model_args, "--spec", "qwen3", "--transformer-impl", "local",
+        *model_args,  # everything about the model, its layer spec (--spec qwen3) and its dropout (none)
         "--tensor-model-parallel-size", str(TP), "--pipeline-model-parallel-size", str(PP),
         "--load", str(work / "mg"), "--finetune", "--ckpt-format", "torch",
-        # transformers' Qwen3 has no dropout; `ascend-patch args` does not say so (Megatron's default is 0.1)
-        "--hidden-dropout", "0", "--attention-dropout", "0",
         "--tokenizer-type", "NullTokenizer", "--data-path", str(work / "periodic"), "--split", "100,0,0",
         "--seq-length", str(SEQ), "--micro-batch-size", "1", "--global-batch-size", "2", "--train-iters", "2",
         "--lr", "1e-4", "--log-interval", "1", "--eval-iters", "0", "--eval-interval", "1000",
@@ -97,6 +96,10 @@ def test_the_printed_args_are_the_converted_model(qwen3_run):
     _, model_args, _, _ = qwen3_run
     for flag in ("--qk-layernorm", "--swiglu", "--disable-bias-linear", "--group-query-attention"):
         assert flag in model_args
+    # the launch needs nothing about the model by hand: the family's layer spec and transformers' dropout (none)
+    assert model_args[model_args.index("--spec") + 1] == "qwen3"
+    assert model_args[model_args.index("--hidden-dropout") + 1] == "0.0"
+    assert model_args[model_args.index("--attention-dropout") + 1] == "0.0"
     assert model_args[model_args.index("--kv-channels") + 1] == "24"
     assert model_args[model_args.index("--vocab-size") + 1] == str(VOCAB)
 

@@ -14,7 +14,10 @@ measured: the losses bit for bit, the gradient norms within 7.2e-8 relative, eve
 
 Runs (2 processes each, 5 iterations): per impl one EP1 run with the alltoall dispatcher, then EP2
 local: SequentialMLP + alltoall, GroupedMLP (the grouped_gemm shim) + allgather; TE impl:
-TEGroupedMLP (GroupedLinear) + alltoall. The TE impl's EP1 run has its own checkpoint because TE
+TEGroupedMLP (GroupedLinear) + alltoall, and the same with the fusions GPU MoE launch lines carry
+(``--moe-permute-fusion``, ``--moe-router-fusion``, ``--cross-entropy-loss-fusion
+--cross-entropy-fusion-impl te``: the TE layer's permutations, router and parallel cross entropy instead
+of megatron's unfused functions). The TE impl's EP1 run has its own checkpoint because TE
 keeps the input norms inside linear_qkv / linear_fc1 (other state-dict keys).
 """
 
@@ -65,7 +68,10 @@ def local(megatron_lm, tmp_path_factory):
 def te(megatron_lm, tmp_path_factory):
     """The default --transformer-impl transformer_engine: TEGroupedMLP (GroupedLinear) with alltoall."""
     return ep_runs(megatron_lm, tmp_path_factory.mktemp("moe-te"), "transformer_engine", {
-        "ep2-alltoall-gg": ("--moe-token-dispatcher-type", "alltoall", "--moe-grouped-gemm")})
+        "ep2-alltoall-gg": ("--moe-token-dispatcher-type", "alltoall", "--moe-grouped-gemm"),
+        "ep2-alltoall-gg-fused": ("--moe-token-dispatcher-type", "alltoall", "--moe-grouped-gemm",
+                                  "--moe-permute-fusion", "--moe-router-fusion", "--cross-entropy-loss-fusion",
+                                  "--cross-entropy-fusion-impl", "te")})
 
 
 @pytest.fixture(params=["local", "te"])
@@ -106,3 +112,6 @@ def test_the_ep2_runs_ran_what_they_say(local, te):
     assert "legacy GroupedMLP" in local["ep2-allgather-gg"].output  # the grouped_gemm experts were built
     assert "legacy GroupedMLP" not in local["ep2-alltoall"].output
     assert "legacy GroupedMLP" not in te["ep2-alltoall-gg"].output  # TEGroupedMLP, on GroupedLinear
+    fused = te["ep2-alltoall-gg-fused"].output
+    assert re.search(r"moe_permute_fusion \.+ True", fused) and re.search(r"moe_router_fusion \.+ True", fused)
+    assert re.search(r"cross_entropy_fusion_impl \.+ te", fused)

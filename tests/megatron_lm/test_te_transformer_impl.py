@@ -11,13 +11,17 @@ ascend_patch's Transformer-Engine-compatible layer, and context parallelism thro
   llama-style run has no dropout, as it is also the CP1 reference.
 * CP2 with each ``--cp-comm-type`` (p2p, all_gather, a2a) and CP4 with a2a+p2p
   (``--hierarchical-context-parallel-sizes 2 2``, 4 processes) equal CP1 (the llama-style TE run).
-  The CP runs use RoPE, no dropout: dropout masks depend on how the sequence is split, and on the cpu
-  target learned position embeddings are initialised from the host generator after Megatron's JIT
-  warm-up has drawn from it tensors sized by TP/CP (on a GPU those draws use the CUDA generator), so
-  learned-position models start from different weights at different CP sizes.
+  The CP runs use RoPE, no dropout (dropout masks depend on how the sequence is split).
+* A GPT with learned absolute positions (tied, ``--use-cpu-initialization``, dropout 0) at CP2 x TP2
+  with sequence parallelism (4 processes) equals CP1: its position embeddings (and, with
+  ``--use-cpu-initialization``, every weight) come from the host generator, which on the cpu target
+  is also the emulated CUDA generator Megatron's JIT warm-up draws TP/CP-sized tensors from. Before
+  the warm-up left the host generator as seeded, the two runs started from different weights.
 """
 
 from __future__ import annotations
+
+import re
 
 import pytest
 import torch
@@ -67,6 +71,15 @@ def llama(megatron_lm, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def learned_positions(megatron_lm, tmp_path_factory):
+    base = (*TINY_GPT, *ITERS, "--use-cpu-initialization", "--attention-dropout", "0.0", "--hidden-dropout", "0.0")
+    cp1 = megatron_lm.run(list(base), tmp_path_factory.mktemp("learned-cp1"))
+    cp2_tp2 = megatron_lm.run([*base, "--context-parallel-size", "2", "--tensor-model-parallel-size", "2",
+                               "--sequence-parallel"], tmp_path_factory.mktemp("learned-cp2-tp2"), nproc=4)
+    return cp1, cp2_tp2
+
+
+@pytest.fixture(scope="module")
 def cp_runs(megatron_lm, tmp_path_factory):
     runs = {}
 
@@ -110,3 +123,10 @@ def test_default_impl_llama_style_trains_like_local(llama):
 def test_context_parallel_equals_cp1_for_each_comm_type(cp_runs, llama, comm):
     cp1, _ = llama
     assert_same_numbers(cp_runs(comm), cp1)
+
+
+def test_learned_positions_start_from_the_same_weights_at_cp2_tp2_as_at_cp1(learned_positions):
+    cp1, cp2_tp2 = learned_positions
+    assert re.search(r"position_embedding_type \.+ learned_absolute", cp1.output)  # Megatron's printed args
+    assert_same_numbers(cp2_tp2, cp1)
+    assert cp1.losses[2] < cp1.losses[1] < cp1.losses[0]

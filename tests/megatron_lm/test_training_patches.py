@@ -149,7 +149,7 @@ def test_fused_kernels_load_is_a_no_op_and_restored(megatron_lm, cpu_settings, m
 
 
 def test_building_data_iterators_leaves_the_generator_where_it_was():
-    from ascend_patch.adaptors.megatron_training.rng import keep_device_stream
+    from ascend_patch.adaptors.megatron_training.rng import keep_host_generator as keep_device_stream
 
     torch.manual_seed(7)
     before = torch.get_rng_state()
@@ -170,12 +170,47 @@ def test_building_data_iterators_leaves_the_generator_where_it_was():
     assert torch.equal(torch.get_rng_state(), before)
 
 
+WARM_UP_CHILD = """
+import json, types, torch
+import ascend_patch                                       # applies the cpu target (ASCEND_PATCH_DEVICE=cpu)
+from megatron.training import global_vars, initialize     # imports triton: served by the shim while applied
+
+patched = initialize._warmup_jit_function
+original = patched.__wrapped__
+# the sizes Megatron-LM's warm-up reads, at TP2 CP2 (other tensor sizes than at TP1 CP1)
+global_vars._GLOBAL_ARGS = types.SimpleNamespace(
+    bf16=False, fp16=False, ffn_hidden_size=128, hidden_size=64, seq_length=64, micro_batch_size=2,
+    tensor_model_parallel_size=2, context_parallel_size=2, swiglu=False, sequence_parallel=False)
+torch.manual_seed(1234)
+seeded = torch.get_rng_state()
+original()                                                # the warm-up itself draws "on cuda": the host here
+moved = not torch.equal(torch.get_rng_state(), seeded)
+torch.manual_seed(1234)
+initialize.set_jit_fusion_options()                       # what pretrain() calls between seeding and the model
+kept = torch.equal(torch.get_rng_state(), seeded)
+ascend_patch.remove()
+print(json.dumps({"moved": moved, "kept": kept, "restored": initialize._warmup_jit_function is original}))
+"""
+
+
+def test_the_jit_warm_up_leaves_the_host_generator_as_seeded_and_is_restored(megatron_lm):
+    from helpers import child_env
+
+    env = child_env(ASCEND_PATCH_DEVICE="cpu", OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(megatron_lm.root), env["PYTHONPATH"]])
+    done = subprocess.run([sys.executable, "-c", WARM_UP_CHILD], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"moved": True, "kept": True, "restored": True}
+
+
 def test_the_generator_patches_are_for_the_cpu_target_only():
     from ascend_patch.adaptors.manager import PatchRegistry
     from ascend_patch.adaptors.megatron.plugin import megatron_patches
     from ascend_patch.backend import Backend
 
     cpu_only = {"megatron.training.training:build_train_valid_test_data_iterators",
+                "megatron.training.initialize:_warmup_jit_function",
                 "megatron.core.pipeline_parallel.p2p_communication:_p2p_ops"}
     npu = Backend("npu", "npu", "hccl", None, keeps_index=True)
     registered = {}

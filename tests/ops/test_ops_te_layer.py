@@ -59,7 +59,7 @@ def test_megatron_sees_the_layer_and_remove_takes_it_away(cpu_settings, monkeypa
         scope = _import_as("megatron.core.probe", "import transformer_engine as te\n"
                                                   "from transformer_engine.pytorch.fp8 import fp8_autocast")
         te = scope["te"]
-        assert is_shim(te) and te.__version__ == TE_VERSION == "2.6.0"
+        assert is_shim(te) and te.__version__ == TE_VERSION == "2.7.0"
         assert importlib.util.find_spec("transformer_engine").origin == "ascend_patch shim (transformer_engine is " \
                                                                         "not installed)"
         for name in SURFACE:
@@ -72,8 +72,8 @@ def test_megatron_sees_the_layer_and_remove_takes_it_away(cpu_settings, monkeypa
             _import_as("megatron.training.probe", "from transformer_engine.pytorch import module")
         with pytest.raises(ShimMissing, match=r"--use-te-activation-func"):
             tep.ops.SwiGLU
-        with pytest.raises(ModuleNotFoundError):
-            importlib.import_module("transformer_engine.pytorch.router")  # megatron's < 2.7 path keeps it out
+        router = importlib.import_module("transformer_engine.pytorch.router")  # megatron imports it from 2.7
+        assert is_shim(router) and callable(router.fused_topk_with_score_function)
     finally:
         ascend_patch.remove()
     assert not [m for m in sys.modules if m.split(".")[0] == "transformer_engine"]

@@ -68,12 +68,10 @@ def training_patches(backend: Any, settings: Any = None) -> list[Patch]:
              "--spec NAME in Megatron-LM's gpt_builder: a family registered with ascend_patch (Megatron's "
               "'module attribute' form goes through unchanged)", wrapper=spec.import_module, action=Action.EMULATED,
               count_calls=False, **_RANGE),
-        # --- dropout's stream: the emulated CUDA generator is the host generator on cpu
-        Wrap("megatron.training.training:build_train_valid_test_data_iterators",
-             "the host generator is dropout's generator on cpu: building data iterators (a seed draw per "
-              "DataLoader, on the ranks holding data only) leaves it as Megatron seeded or restored it, so TP "
-              "ranks agree and resumed runs are exact", wrapper=rng.keep_device_stream, backends=frozenset({"cpu"}),
-              action=Action.EMULATED, count_calls=False, **_RANGE),
+        # --- host-generator draws during setup: on cpu the host generator is also the emulated CUDA one
+        *(Wrap(target, reason, wrapper=rng.keep_host_generator, backends=frozenset({"cpu"}),
+               action=Action.EMULATED, count_calls=False, **_RANGE)
+          for target, reason in rng.HOST_DRAWS.items()),
     ]
 
 

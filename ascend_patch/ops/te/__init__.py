@@ -10,6 +10,9 @@ megatron-core's own TE wrappers (``TELinear``, ``TELayerNormColumnParallelLinear
 * :mod:`.norm` - ``LayerNorm``, ``RMSNorm`` (``npu_rms_norm`` on npu);
 * :mod:`.attention` - ``DotProductAttention`` (``npu_fusion_attention`` on npu), with
   context parallelism from :mod:`ascend_patch.ops.context_parallel`;
+* :mod:`.permutation` - MoE token permutations (``--moe-permute-fusion``); :mod:`.router` - MoE routing
+  and aux loss (``--moe-router-fusion``); :mod:`.cross_entropy` - the vocabulary-parallel loss
+  (``--cross-entropy-fusion-impl te``);
 * :mod:`.fp8` - recipes, ``fp8_autocast``, ``FP8GlobalStateManager`` (FP8 off; FP8 asked
   for is an error naming the flags); :mod:`.distributed` - the RNG tracker.
 
@@ -31,15 +34,17 @@ __all__ = ["SURFACE", "TE_VERSION", "surface"]
 
 # The Transformer Engine API level this layer implements and reports as transformer_engine.__version__
 # (megatron-core reads __version__ before any distribution metadata; the shim has none, so
-# importlib.metadata.version("transformer-engine") still says it is not installed). Why 2.6.0:
+# importlib.metadata.version("transformer-engine") still says it is not installed). Why 2.7.0:
 # * >= 1.12: megatron passes cp_comm_type (1.10) and the hierarchical a2a+p2p groups (1.12);
 # * >= 2.0: TE 2.x's empty-tensor _extra_state, which the checkpoints of current TE installs carry;
 #   megatron's fp8_utils then imports transformer_engine.pytorch.tensor.QuantizedTensor (provided);
 # * >= 2.3: megatron hands delay_wgrad_compute / symmetric_ar_type to the layers, which refuse them
 #   with their flag's name (below 2.3 megatron refuses them itself, blaming the TE version);
-# * < 2.7: from 2.7 on megatron-core imports transformer_engine.pytorch.router (fused MoE routing
-#   kernels) unconditionally at import; raise this only together with providing that module.
-TE_VERSION = "2.6.0"
+# * >= 2.7: megatron-core imports the fused MoE router (transformer_engine.pytorch.router, provided)
+#   and calls parallel_cross_entropy with its seven arguments; what else 2.7 changes in megatron-core
+#   0.16 is FP4 and CUDA-graph code, which the targets refuse or never reach.
+# * not higher: megatron-core's checks at 2.8 and above switch on paths this layer was not checked against.
+TE_VERSION = "2.7.0"
 
 Builder = Callable[[Any], dict[str, Any]]
 
@@ -103,6 +108,24 @@ def _ops(_catalog: Any) -> dict[str, Any]:
     return {"FusibleOperation": ops_api.FusibleOperation, "Sequential": ops_api.Sequential}
 
 
+def _permutation(_catalog: Any) -> dict[str, Any]:
+    from . import permutation
+
+    return {name: getattr(permutation, name) for name in permutation.__all__}
+
+
+def _router(_catalog: Any) -> dict[str, Any]:
+    from . import router
+
+    return {name: getattr(router, name) for name in router.__all__}
+
+
+def _cross_entropy(_catalog: Any) -> dict[str, Any]:
+    from . import cross_entropy
+
+    return {"parallel_cross_entropy": cross_entropy.parallel_cross_entropy}
+
+
 def _none(_catalog: Any) -> dict[str, Any]:
     return {}
 
@@ -119,11 +142,16 @@ SURFACE: dict[str, tuple[str, Builder, tuple[str, ...]]] = {
     "transformer_engine.common.recipe": ("FP8 recipes (configuration only; FP8 itself is refused)", _recipe, ()),
     "transformer_engine.pytorch": ("Linear, LayerNormLinear, GroupedLinear, LayerNorm, RMSNorm, DotProductAttention",
                                    _pytorch,
-                                   ("optimizers", "fp8", "distributed", "tensor", "ops")),
+                                   ("optimizers", "fp8", "distributed", "tensor", "ops", "permutation",
+                                    "router", "cross_entropy")),
     "transformer_engine.pytorch.fp8": ("FP8 state (always off) and autocast", _fp8, ()),
     "transformer_engine.pytorch.distributed": ("the RNG tracker and recompute context", _distributed, ()),
     "transformer_engine.pytorch.tensor": ("quantized tensor types (none exists here)", _tensor, ()),
     "transformer_engine.pytorch.optimizers": ("TE's fused optimizers and multi-tensor ops", _optimizers, ()),
+    "transformer_engine.pytorch.permutation": ("MoE token permutations (--moe-permute-fusion)", _permutation, ()),
+    "transformer_engine.pytorch.router": ("MoE top-k routing and aux loss (--moe-router-fusion)", _router, ()),
+    "transformer_engine.pytorch.cross_entropy": ("the vocabulary-parallel loss (--cross-entropy-fusion-impl te)",
+                                                 _cross_entropy, ()),
     "transformer_engine.pytorch.ops": ("the op-based API's names (using it is refused)", _ops, ()),
 }
 

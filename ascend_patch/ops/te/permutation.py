@@ -1,0 +1,112 @@
+"""``transformer_engine.pytorch.permutation``: the MoE token permutations behind ``--moe-permute-fusion``.
+
+megatron-core 0.16 imports ``moe_permute``, ``moe_permute_with_probs``, ``moe_unpermute``,
+``moe_sort_chunks_by_index`` and ``moe_sort_chunks_by_index_with_probs`` from here (TE >= 2.1) and,
+with ``--moe-permute-fusion``, its token dispatchers call them instead of ``moe_utils.permute`` /
+``unpermute`` / ``sort_chunks_by_idxs``. TE's "mask" map type is what megatron uses: ``routing_map``
+is a ``[tokens, experts]`` boolean mask; permuted rows are grouped by expert, tokens in their
+original order within an expert (megatron's unfused order, which the grouped GEMM's
+``tokens_per_expert`` splits rely on).
+
+The ``row_id_map`` handed from ``moe_permute`` to ``moe_unpermute`` is opaque to megatron (it
+stores it and passes it back): here it is ``[tokens, experts]`` int64, the permuted row of each
+(token, expert) pair or -1, so unpermuting knows each row's token and expert (for the merging
+probabilities) and the number of tokens.
+
+The ops are index_select / masked_select / scatter_add / split / cat, differentiable by autograd,
+on any device: the same arithmetic as megatron's unfused functions, so a run with the flag equals
+the run without. On npu they run as these ordinary device ops (torch_npu's own permutation kernels
+are not used).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ._common import refuse
+
+__all__ = ["moe_permute", "moe_permute_with_probs", "moe_sort_chunks_by_index",
+           "moe_sort_chunks_by_index_with_probs", "moe_unpermute"]
+
+
+def _check_map_type(api: str, map_type: str) -> None:
+    if map_type != "mask":
+        raise refuse(api, f"map_type={map_type!r}", "only the 'mask' routing map megatron-core uses is implemented",
+                     "pass a [tokens, experts] boolean routing_map with map_type='mask'")
+
+
+def _expert_major(routing_map: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(mask [experts, tokens], token of each permuted row, expert of each permuted row)."""
+    mask = routing_map.bool().T.contiguous()
+    experts, tokens = mask.shape
+    token_ids = torch.arange(tokens, device=mask.device).unsqueeze(0).expand(experts, -1).masked_select(mask)
+    expert_ids = torch.arange(experts, device=mask.device).unsqueeze(1).expand(-1, tokens).masked_select(mask)
+    return mask, token_ids, expert_ids
+
+
+def _row_id_map(routing_map: torch.Tensor, token_ids: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
+    rows = torch.full(routing_map.shape, -1, dtype=torch.int64, device=routing_map.device)
+    rows[token_ids, expert_ids] = torch.arange(token_ids.numel(), device=routing_map.device)
+    return rows
+
+
+def moe_permute(inp: torch.Tensor, routing_map: torch.Tensor, num_out_tokens: Any = -1, max_token_num: int = -1,
+                map_type: str = "mask") -> tuple[torch.Tensor, torch.Tensor]:
+    """Group ``inp``'s rows ``[tokens, hidden]`` by expert; returns ``(permuted, row_id_map)``.
+
+    ``num_out_tokens`` is the number of selected (token, expert) pairs megatron computed; the
+    routing map already holds exactly those (dropped tokens are cleared, padded ones set).
+    """
+    _check_map_type("permutation.moe_permute", map_type)
+    _, token_ids, expert_ids = _expert_major(routing_map)
+    return inp.index_select(0, token_ids), _row_id_map(routing_map, token_ids, expert_ids)
+
+
+def moe_permute_with_probs(inp: torch.Tensor, probs: torch.Tensor, routing_map: torch.Tensor,
+                           num_out_tokens: Any = -1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`moe_permute` that also permutes ``probs`` ``[tokens, experts]``: ``(permuted, probs, row_id_map)``."""
+    mask, token_ids, expert_ids = _expert_major(routing_map)
+    permuted_probs = probs.T.contiguous().masked_select(mask)
+    return inp.index_select(0, token_ids), permuted_probs, _row_id_map(routing_map, token_ids, expert_ids)
+
+
+def moe_unpermute(inp: torch.Tensor, row_id_map: torch.Tensor, merging_probs: torch.Tensor | None = None,
+                  restore_shape: Any = None, map_type: str = "mask",
+                  probs: torch.Tensor | None = None) -> torch.Tensor:
+    """Sum each token's permuted rows back into place, weighted by ``merging_probs[token, expert]`` if given."""
+    _check_map_type("permutation.moe_unpermute", map_type)
+    if merging_probs is None:
+        merging_probs = probs  # TE's older name of the argument
+    tokens, _ = row_id_map.shape
+    _, token_ids, expert_ids = _expert_major(row_id_map >= 0)  # rows were numbered in this order
+    hidden = inp.shape[-1]
+    if restore_shape is None:
+        restore_shape = (tokens, hidden)
+    out_dtype = inp.dtype
+    if merging_probs is not None:
+        # as megatron's unpermute: the product takes the probabilities' (possibly wider) dtype
+        inp = inp * merging_probs.T.contiguous().masked_select((row_id_map >= 0).T).unsqueeze(-1)
+    out = torch.zeros(tuple(restore_shape), dtype=inp.dtype, device=inp.device)
+    if torch.are_deterministic_algorithms_enabled():
+        out.index_add_(0, token_ids, inp)
+    else:
+        out.scatter_add_(0, token_ids.unsqueeze(1).expand(-1, hidden), inp)
+    return out.to(out_dtype)
+
+
+def _chunks_in_order(tensor: torch.Tensor, split_sizes: torch.Tensor, sorted_index: torch.Tensor) -> torch.Tensor:
+    chunks = torch.split(tensor, [int(n) for n in split_sizes.tolist()], dim=0)
+    return torch.cat([chunks[i] for i in sorted_index.tolist()], dim=0)
+
+
+def moe_sort_chunks_by_index(inp: torch.Tensor, split_sizes: torch.Tensor, sorted_index: torch.Tensor) -> torch.Tensor:
+    """Split ``inp`` into chunks of ``split_sizes`` rows and concatenate them in ``sorted_index`` order."""
+    return _chunks_in_order(inp, split_sizes, sorted_index)
+
+
+def moe_sort_chunks_by_index_with_probs(inp: torch.Tensor, probs: torch.Tensor, split_sizes: torch.Tensor,
+                                        sorted_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`moe_sort_chunks_by_index` of ``inp`` and of the per-row ``probs`` alike."""
+    return _chunks_in_order(inp, split_sizes, sorted_index), _chunks_in_order(probs, split_sizes, sorted_index)
