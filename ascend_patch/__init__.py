@@ -112,8 +112,46 @@ _auto_pending = False
 
 
 def _apply_when_torch_imported(_module: Any) -> None:
-    if _auto_pending:
+    if not _auto_pending:
+        return
+    frame = _own_import_in_progress()
+    if frame is None:
         apply(_auto_settings)  # a target other than npu puts the early carry-over back
+    else:
+        _apply_when_frame_returns(frame)
+
+
+def _own_import_in_progress() -> Any:
+    """The outermost frame running the top level of an ``ascend_patch`` module still being imported.
+
+    ``import ascend_patch.cpu_device`` (or ``python -m ascend_patch.<tool>``) as a process's first
+    import makes that module import torch; applying then would need the half-built module.
+    """
+    outer = None
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_globals.get("__name__", "")
+        if frame.f_code.co_name == "<module>" and name.startswith("ascend_patch."):
+            spec = getattr(sys.modules.get(name), "__spec__", None)
+            if getattr(spec, "_initializing", False):
+                outer = frame
+        frame = frame.f_back
+    return outer
+
+
+def _apply_when_frame_returns(target: Any) -> None:
+    """Apply once ``target`` (a module's top level) returns: then every module apply needs is whole."""
+    previous = sys.getprofile()
+
+    def watch(frame: Any, event: str, arg: Any) -> None:
+        if previous is not None:
+            previous(frame, event, arg)
+        if event == "return" and frame is target:
+            sys.setprofile(previous)
+            if _auto_pending:
+                apply(_auto_settings)
+
+    sys.setprofile(watch)
 
 
 def cancel_auto_apply() -> None:
