@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from .formats import TensorInfo
 
 __all__ = [
+    "contiguous",
     "raw_dtype",
     "to_raw",
     "raw_to_torch",
@@ -149,7 +150,7 @@ def _pread_into(fd: int, view: memoryview, offset: int, path: str) -> None:
         got += n
 
 
-def _contiguous(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+def contiguous(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
     expect = 1
     for d, s in zip(reversed(shape), reversed(stride)):
         if d != 1 and s != expect:
@@ -170,7 +171,7 @@ class BlockFiller:
 
     def _plain(self, info: TensorInfo) -> bool:
         return info.reader is None and info.offset is not None and (
-            info.stride is None or _contiguous(info.shape or (1,), info.stride))
+            info.stride is None or contiguous(info.shape or (1,), info.stride))
 
     def read_rows(self, tid: str, start: int, stop: int) -> np.ndarray:
         """Rows [start, stop) of source tensor ``tid``, raw, in its own dtype (callers must not modify it)."""

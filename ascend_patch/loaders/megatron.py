@@ -28,7 +28,7 @@ from .blocks import CorruptCheckpoint
 from .formats import CheckpointLoader, CheckpointSaver, ConvertOptions, SourceCheckpoint, TargetFile, TargetPlan
 from .megatron_args import build_args, config_from_args
 from .megatron_layout import (RANK_FILE, RELEASE, TRACKER, chunk_names, is_distributed, iteration_dir, iteration_of,
-                              parse_rank_dir, rank_coordinates, rank_dir, read_tracker)
+                              parse_rank_dir, rank_coordinates, rank_dir, tracked_iteration)
 from .preflight import check_expert_split, check_pipeline_split, check_tensor_split, check_tensors, check_vocab
 from .resolve import resolve_family, weight_map_for
 
@@ -191,14 +191,9 @@ class MegatronLoader(CheckpointLoader):
 
     @staticmethod
     def _locate(path: str) -> tuple[str, int | str]:
-        if not os.path.isdir(path):
-            raise CorruptCheckpoint(f"--load-dir {path} is not a directory")
-        if os.path.isfile(os.path.join(path, TRACKER)):
-            iteration = read_tracker(path)
-            root = os.path.join(path, iteration_dir(iteration))
-            if not os.path.isdir(root):
-                raise CorruptCheckpoint(f"{TRACKER} in {path} names iteration {iteration} but {root} does not exist")
-            return root, iteration
+        tracked = tracked_iteration(path)
+        if tracked is not None:
+            return tracked
         if is_distributed(path):  # a torch_dist iteration folder itself
             return path, iteration_of(os.path.basename(os.path.normpath(path))) or RELEASE
         if any(parse_rank_dir(e) for e in os.listdir(path)):  # the user pointed at iter_XXXXXXX itself

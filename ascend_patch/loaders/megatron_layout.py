@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from .blocks import CorruptCheckpoint
 
 __all__ = [
+    "tracked_iteration",
     "RANK_FILE",
     "RELEASE",
     "TRACKER",
@@ -118,6 +119,22 @@ def read_tracker(path: str) -> int | str:
         return int(text)
     except ValueError:
         raise CorruptCheckpoint(f"{tracker} holds {text!r}, neither an iteration number nor 'release'") from None
+
+
+def tracked_iteration(path: str) -> tuple[str, int | str] | None:
+    """``(iteration folder, iteration)`` named by the tracker file in save dir ``path``, None without one.
+
+    Both Megatron formats keep their iterations this way; a tracker naming a missing folder is an error.
+    """
+    if not os.path.isdir(path):
+        raise CorruptCheckpoint(f"--load-dir {path} is not a directory")
+    if not os.path.isfile(os.path.join(path, TRACKER)):
+        return None
+    iteration = read_tracker(path)
+    root = os.path.join(path, iteration_dir(iteration))
+    if not os.path.isdir(root):
+        raise CorruptCheckpoint(f"{TRACKER} in {path} names iteration {iteration} but {root} does not exist")
+    return root, iteration
 
 
 def is_distributed(iteration_path: str) -> bool:

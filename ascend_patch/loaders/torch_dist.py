@@ -31,11 +31,12 @@ from ..models.registry import get_spec_registry
 from ..models.vocab import padded_vocab_size
 from ..models.weightmap import ExtraState, Piece, TensorPlan, WeightMap, coverage_gaps, invert
 from ..parallel import Layout, LayoutError
-from .blocks import CorruptCheckpoint
+from .blocks import CorruptCheckpoint, contiguous
 from .formats import CheckpointLoader, CheckpointSaver, ConvertOptions, SourceCheckpoint, TargetFile, TargetPlan
 from .megatron_args import build_args, config_from_args
 from .megatron_layout import (DIST_COMMON, DIST_CONTENT, DIST_CONTENT_JSON, DIST_METADATA, RELEASE, TRACKER,
-                              distcp_name, is_distributed, iteration_dir, iteration_of, read_tracker)
+                              distcp_name, is_distributed, iteration_dir, iteration_of,
+                              tracked_iteration)
 from .preflight import check_tensor_split, check_vocab
 from .resolve import resolve_family, weight_map_for
 
@@ -84,14 +85,9 @@ def _box(plan: TensorPlan, start: tuple[int, ...], size: tuple[int, ...]) -> tup
 
 def locate_dist(path: str) -> tuple[str, int | str | None]:
     """The iteration folder of the torch_dist checkpoint at ``path`` (the save dir or the folder itself)."""
-    if not os.path.isdir(path):
-        raise CorruptCheckpoint(f"--load-dir {path} is not a directory")
-    if os.path.isfile(os.path.join(path, TRACKER)):
-        iteration = read_tracker(path)
-        root = os.path.join(path, iteration_dir(iteration))
-        if not os.path.isdir(root):
-            raise CorruptCheckpoint(f"{TRACKER} in {path} names iteration {iteration} but {root} does not exist")
-        return root, iteration
+    tracked = tracked_iteration(path)
+    if tracked is not None:
+        return tracked
     if is_distributed(path):
         return path, iteration_of(os.path.basename(os.path.normpath(path)))
     raise CorruptCheckpoint(f"{path} has neither {TRACKER} nor {DIST_METADATA}: not a torch_dist checkpoint")
@@ -234,13 +230,13 @@ class TorchDistLoader(CheckpointLoader):
                     if rec.shape != size or canonical_dtype(rec.dtype) != dtype:
                         raise CorruptCheckpoint(f"{file}: {fqn} chunk {list(start)} holds {list(rec.shape)} "
                                                 f"{canonical_dtype(rec.dtype)}; {DIST_METADATA} says {list(size)} {dtype}")
-                    contiguous = _contiguous(size, rec.stride)
+                    dense = contiguous(size, rec.stride)
                     layers = range(start[0], start[0] + size[0]) if stacked else [None]
                     for layer in layers:
                         plan = by_layer[(fqn, layer)]
                         box_start, box_size = (start[1:], size[1:]) if stacked else (start, size)
                         shift = (layer - start[0]) * rec.stride[0] * itemsize(dtype) if stacked else 0
-                        stride = None if contiguous else (rec.stride[1:] if stacked else rec.stride)
+                        stride = None if dense else (rec.stride[1:] if stacked else rec.stride)
                         pid = f"{info.relative_path}:{fqn}" + (f"[{layer}]" if stacked else "") + f"@{list(box_start)}"
                         tensors[pid] = _info(file, box_size, dtype, rec.data_offset + shift, stride)
                         plans[pid] = TensorPlan(plan.key, box_size, _box(plan, box_start, box_size), plan.rule)
@@ -272,14 +268,6 @@ class TorchDistLoader(CheckpointLoader):
             iteration=iteration, args=args, replicas=replicas, inventory={f"{where}#model": {**found, **objects}},
             problems=problems, notes=notes)
 
-
-def _contiguous(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
-    expect = 1
-    for d, s in zip(reversed(shape), reversed(stride)):
-        if d != 1 and s != expect:
-            return False
-        expect *= d
-    return True
 
 
 def _info(path: str, shape: tuple[int, ...], dtype: str, offset: int, stride: tuple[int, ...] | None) -> Any:
