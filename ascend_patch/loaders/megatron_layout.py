@@ -33,6 +33,9 @@ __all__ = [
     "DIST_CONTENT_JSON",
     "chunk_index",
     "distcp_name",
+    "dist_cell",
+    "dist_local_spec_name",
+    "dist_object_key",
     "chunk_names",
     "is_distributed",
     "iteration_dir",
@@ -58,6 +61,8 @@ DIST_CONTENT_JSON = {"sharded_backend": "torch_dist", "sharded_backend_version":
 _RANK_DIR = re.compile(r"mp_rank_(\d{2})(?:_(\d{3}))?(?:_(\d{3}))?\Z")
 _ITERATION_DIR = re.compile(r"iter_(\d+)\Z")
 _CHUNK = re.compile(r"model(\d*)\Z")
+_DIST_EXPERT = re.compile(r"decoder\.layers\.(\d+)\.mlp\.experts\.local_experts\.(\d+)\.(.+)\Z")
+_DIST_LAYER = re.compile(r"decoder\.layers\.(\d+)\.(.+)\Z")
 
 
 def rank_dir(tp_rank: int, pp_rank: int = 0, ep_rank: int = 0, *, pp: int = 1, ep: int = 1) -> str:
@@ -146,6 +151,45 @@ def is_distributed(iteration_path: str) -> bool:
 def distcp_name(rank: int, index: int = 0) -> str:
     """``__{rank}_{index}.distcp``: the data files torch.distributed.checkpoint's file-system writer names."""
     return f"__{rank}_{index}.distcp"
+
+
+def dist_cell(key: str) -> tuple[str, tuple[int, ...]]:
+    """A TP 1 / PP 1 legacy key -> its torch_dist key and its cell on the leading (stacked) axes.
+
+    megatron-core saves a layer's tensor once for all layers, the layer on axis 0
+    (``decoder.layers.3.X`` -> ``decoder.layers.X``, cell (3,)); an expert's tensor once for all
+    layers and experts, the global expert on axis 1. Its name comes from SequentialMLP's
+    ``sharded_state_dict`` — and TEGroupedMLP's, which uses the same keys — that prepends
+    ``experts.`` to the module path ``mlp.experts.``, so ``decoder.layers.3.mlp.experts.local_experts.5.linear_fc1.weight``
+    is ``decoder.layers.mlp.experts.experts.linear_fc1.weight``, cell (3, 5). Other keys are
+    stored whole, cell ().
+    """
+    if m := _DIST_EXPERT.match(key):
+        return f"decoder.layers.mlp.experts.experts.{m.group(3)}", (int(m.group(1)), int(m.group(2)))
+    if m := _DIST_LAYER.match(key):
+        return f"decoder.layers.{m.group(2)}", (int(m.group(1)),)
+    return key, ()
+
+
+# megatron-core's local spec saves its separate norms under the TE spec's fused names (its layer spec's
+# sharded_state_dict_keys_map). For a dense model the TE spec fuses both norms, so both specs agree;
+# the TE spec of an MoE model keeps pre_mlp_layernorm apart (no fc1 to fuse it into), so there the two
+# specs name it differently and each finds only its own name.
+_LOCAL_SPEC_NORMS = (("decoder.layers.input_layernorm.", "decoder.layers.self_attention.linear_qkv.layer_norm_"),
+                     ("decoder.layers.pre_mlp_layernorm.", "decoder.layers.mlp.linear_fc1.layer_norm_"))
+
+
+def dist_local_spec_name(key: str) -> str | None:
+    """The torch_dist key megatron-core's local spec uses for the separate norm ``key`` (a TE-spec key), or None."""
+    for separate, fused in _LOCAL_SPEC_NORMS:
+        if key.startswith(separate):
+            return fused + key[len(separate):]
+    return None
+
+
+def dist_object_key(key: str, cell: tuple[int, ...], grid: tuple[int, ...]) -> str:
+    """The stored key of a ShardedObject (an ``_extra_state``) at ``cell`` of ``grid``: megatron-core's unique key."""
+    return f"{key}/shard_{'.'.join(map(str, cell))}_{'.'.join(map(str, grid))}"
 
 
 def chunk_names(keys: Iterable[object]) -> list[str]:

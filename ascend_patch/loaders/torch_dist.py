@@ -18,9 +18,9 @@ TP / PP. Neither builds a model nor imports megatron-core; tensors stream by blo
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
-import re
 from collections import Counter
 from typing import Any
 
@@ -35,39 +35,71 @@ from .blocks import CorruptCheckpoint, contiguous
 from .formats import CheckpointLoader, CheckpointSaver, ConvertOptions, SourceCheckpoint, TargetFile, TargetPlan
 from .megatron_args import build_args, config_from_args
 from .megatron_layout import (DIST_COMMON, DIST_CONTENT, DIST_CONTENT_JSON, DIST_METADATA, RELEASE, TRACKER,
-                              distcp_name, is_distributed, iteration_dir, iteration_of,
+                              dist_cell, dist_local_spec_name, dist_object_key, distcp_name, is_distributed, iteration_dir, iteration_of,
                               tracked_iteration)
-from .preflight import check_tensor_split, check_vocab
+from .preflight import check_expert_split, check_tensor_split, check_vocab
 from .resolve import resolve_family, weight_map_for
 
-__all__ = ["TorchDistLoader", "TorchDistSaver", "dist_entries", "inspect_dist", "locate_dist"]
+__all__ = ["DistEntry", "TorchDistLoader", "TorchDistSaver", "dist_entries", "inspect_dist", "locate_dist"]
 
-_LAYER_KEY = re.compile(r"decoder\.layers\.(\d+)\.(.+)\Z")
 # keys of a torch_dist checkpoint that are not the model's weights
 _NOT_MODEL = ("optimizer.", "rng_state", "rerun_state_machine_state")
 _FILE_BYTES = 256 * 1024 * 1024  # an output .distcp holds about this much (files are written in parallel)
 
 
-def dist_entries(wm: WeightMap, padded_vocab: int) -> list[tuple[str, int | None, TensorPlan]]:
-    """(torch_dist key, global layer or None, the TP 1 tensor in HF terms) for every model tensor."""
-    layers = wm.config.num_layers
-    layout = Layout.build(layers, 1, 1, 1)
+@dataclasses.dataclass(frozen=True)
+class DistEntry:
+    """One model tensor of a torch_dist checkpoint: its key, the grid it is stacked on, one cell of it.
+
+    ``grid`` is () for a tensor stored once (the embedding), (layers,) for a layer's tensor and
+    (layers, experts) for an expert's (megatron-core puts the global expert index on an axis of
+    its own after the layer axis); ``index`` is this cell and ``plan`` its TP 1 tensor in HF terms."""
+
+    fqn: str
+    grid: tuple[int, ...]
+    index: tuple[int, ...]
+    plan: TensorPlan
+    alias: str | None = None  # the name megatron-core's local spec gives this tensor, where it differs
+
+    @property
+    def sid(self) -> str:
+        return self.fqn + "".join(f"[{i}]" for i in self.index)
+
+    def named(self, fqn: str) -> DistEntry:
+        return dataclasses.replace(self, fqn=fqn, alias=None)
+
+
+def dist_entries(wm: WeightMap, padded_vocab: int) -> list[DistEntry]:
+    """Every model tensor of the torch_dist checkpoint of ``wm``'s model, cell by cell, under the TE spec's names.
+
+    ``alias`` is the local spec's name where it differs (an MoE model's pre-MLP norm)."""
+    grids = _grids(wm)
     out = []
-    for e in wm.megatron_chunk(layout, 0, 0, 0, "te", padded_vocab):
-        if isinstance(e, ExtraState):
-            continue
-        m = _LAYER_KEY.match(e.key)
-        if m:
-            out.append((f"decoder.layers.{m.group(2)}", int(m.group(1)), e))
-        else:
-            out.append((e.key, None, e))
+    for e in wm.megatron_chunk(Layout.build(wm.config.num_layers, 1, 1, 1), 0, 0, 0, "te", padded_vocab):
+        if not isinstance(e, ExtraState):
+            fqn, cell = dist_cell(e.key)
+            out.append(DistEntry(fqn, grids[len(cell)], cell, e, dist_local_spec_name(fqn)))
     return out
 
 
-def _extra_state_keys(wm: WeightMap, naming: str) -> list[tuple[int, str]]:
+def _grids(wm: WeightMap) -> dict[int, tuple[int, ...]]:
+    """The stacked axes' sizes by their count: none, layers, layers x experts."""
     layers = wm.config.num_layers
-    modules = wm.te_layer_extra_state if naming == "te" else wm.layer_extra_state
-    return [(i, f"decoder.layers.{m}._extra_state/shard_{i}_{layers}") for i in range(layers) for m in modules]
+    return {0: (), 1: (layers,), 2: (layers, wm.experts.count if wm.experts is not None else 0)}
+
+
+def _extra_state_keys(wm: WeightMap, naming: str) -> list[str]:
+    """The ShardedObject keys of the linear layers' extra state: per layer, and per layer and expert.
+
+    The same for SequentialMLP and TEGroupedMLP experts (megatron-core keys both alike)."""
+    grids = _grids(wm)
+    te = naming in ("te", "te_grouped")
+    keys = []
+    for e in wm.megatron_chunk(Layout.build(wm.config.num_layers, 1, 1, 1), 0, 0, 0, "te" if te else "local", None):
+        if isinstance(e, ExtraState) and e.key.startswith("decoder.layers."):
+            fqn, cell = dist_cell(e.key)
+            keys.append(dist_object_key(fqn, cell, grids[len(cell)]))
+    return keys
 
 
 def _box(plan: TensorPlan, start: tuple[int, ...], size: tuple[int, ...]) -> tuple[Piece, ...]:
@@ -191,13 +223,17 @@ class TorchDistLoader(CheckpointLoader):
         padded = int(padded or cfg.vocab_size)
         problems += check_vocab(cfg.vocab_size, int(getattr(args, "make_vocab_size_divisible_by", 1) or 1), 1, padded)
         wm = weight_map_for(spec, cfg)
-        entries = dist_entries(wm, padded)
         expected: dict[str, tuple[int, ...]] = {}
-        by_layer: dict[tuple[str, int | None], TensorPlan] = {}
-        for fqn, layer, plan in entries:
-            expected[fqn] = (cfg.num_layers, *plan.shape) if layer is not None else plan.shape
-            by_layer[(fqn, layer)] = plan
+        grids: dict[str, tuple[int, ...]] = {}
+        cells: dict[tuple[str, tuple[int, ...]], TensorPlan] = {}
         found = {k: tuple(v.size) for k, v in stored.items() if hasattr(v, "chunks") and not k.startswith(_NOT_MODEL)}
+        for entry in dist_entries(wm, padded):
+            # a separate norm under the TE spec's name, the local spec's, or both (as the saver writes it)
+            names = [n for n in (entry.fqn, entry.alias) if n is not None and n in found] or [entry.fqn]
+            for name in names:
+                expected[name] = (*entry.grid, *entry.plan.shape)
+                grids[name] = entry.grid
+                cells[(name, entry.index)] = entry.plan
         objects = {k: None for k, v in stored.items() if not hasattr(v, "chunks") and "._extra_state/shard_" in k}
         where = os.path.join(os.path.relpath(root, path) if root != path else ".", DIST_METADATA)
         problems += _key_problems(expected, found, where)
@@ -211,7 +247,7 @@ class TorchDistLoader(CheckpointLoader):
                     continue
                 item = stored[fqn]
                 dtype = canonical_dtype(item.properties.dtype)
-                stacked = (fqn, None) not in by_layer
+                axes = len(grids[fqn])  # the leading axes that index layers (and experts): one cell each
                 for chunk in item.chunks:
                     start, size = tuple(chunk.offsets), tuple(chunk.sizes)
                     info = index.get((fqn, start))
@@ -231,13 +267,12 @@ class TorchDistLoader(CheckpointLoader):
                         raise CorruptCheckpoint(f"{file}: {fqn} chunk {list(start)} holds {list(rec.shape)} "
                                                 f"{canonical_dtype(rec.dtype)}; {DIST_METADATA} says {list(size)} {dtype}")
                     dense = contiguous(size, rec.stride)
-                    layers = range(start[0], start[0] + size[0]) if stacked else [None]
-                    for layer in layers:
-                        plan = by_layer[(fqn, layer)]
-                        box_start, box_size = (start[1:], size[1:]) if stacked else (start, size)
-                        shift = (layer - start[0]) * rec.stride[0] * itemsize(dtype) if stacked else 0
-                        stride = None if dense else (rec.stride[1:] if stacked else rec.stride)
-                        pid = f"{info.relative_path}:{fqn}" + (f"[{layer}]" if stacked else "") + f"@{list(box_start)}"
+                    box_start, box_size = start[axes:], size[axes:]
+                    stride = None if dense else rec.stride[axes:]
+                    for cell in itertools.product(*(range(a, a + n) for a, n in zip(start[:axes], size[:axes]))):
+                        plan = cells[(fqn, cell)]
+                        shift = sum((i - a) * st for i, a, st in zip(cell, start, rec.stride)) * itemsize(dtype)
+                        pid = f"{info.relative_path}:{fqn}{''.join(f'[{i}]' for i in cell)}@{list(box_start)}"
                         tensors[pid] = _info(file, box_size, dtype, rec.data_offset + shift, stride)
                         plans[pid] = TensorPlan(plan.key, box_size, _box(plan, box_start, box_size), plan.rule)
         finally:
@@ -253,9 +288,12 @@ class TorchDistLoader(CheckpointLoader):
                                     "the checkpoint is incomplete (a rank's save failed?); it cannot be rebuilt"))
         tp = int(getattr(args, "tensor_model_parallel_size", 1) or 1)
         pp = int(getattr(args, "pipeline_model_parallel_size", 1) or 1)
-        notes.append(f"torch_dist checkpoint saved at TP {tp} x PP {pp} (megatron-core re-shards it on load)")
+        ep = int(getattr(args, "expert_model_parallel_size", 1) or 1) if cfg.is_moe else 1
+        etp = getattr(args, "expert_tensor_parallel_size", None) if cfg.is_moe else None
+        notes.append(f"torch_dist checkpoint saved at TP {tp} x PP {pp}" + (f" x EP {ep}" if cfg.is_moe else "")
+                     + (f" (expert-TP {etp})" if etp not in (None, tp) else "") + " (megatron-core re-shards it on load)")
         try:
-            layout = Layout.build(cfg.num_layers, tp, pp, 1)
+            layout = Layout.build(cfg.num_layers, tp, pp, 1, ep=ep, expert_tp=None if etp is None else int(etp))
         except LayoutError:
             layout = Layout.build(cfg.num_layers, 1, 1, 1)
         dtypes = Counter(i.dtype for i in tensors.values())
@@ -289,7 +327,8 @@ def _key_problems(expected: dict[str, tuple[int, ...]], found: dict[str, tuple[i
         experts = any(".experts." in k or ".router." in k for k in unexpected)
         problems.append(Finding("dist-unexpected", f"{where} holds {len(unexpected)} tensor(s) the "
                                 f"{'dense ' if experts else ''}model map does not know: {', '.join(unexpected[:8])}",
-                                "MoE torch_dist checkpoints are not converted yet" if experts else
+                                "the checkpoint holds experts: pass its MoE family (--model-type-hf qwen3_moe or "
+                                "mixtral); shared experts and dense layers in an MoE model are not mapped" if experts else
                                 "pass the right --model-type-hf, or the checkpoint holds a model this family lacks"))
     for k in wrong:
         problems.append(Finding("dist-shape", f"{where}: {k} is {list(found[k])} globally, the model map expects "
@@ -314,13 +353,11 @@ class TorchDistSaver(CheckpointSaver):
         # must be a TP the model can be split over
         problems = check_tensor_split(cfg.num_attention_heads, cfg.num_query_groups, cfg.ffn_hidden_size, tp)
         problems += check_vocab(cfg.vocab_size, options.make_vocab_size_divisible_by, tp)
-        if cfg.is_moe:  # megatron-core shards experts along an expert axis of their own, not written yet
-            problems.append(Finding(
-                "dist-moe", f"{source.spec.name} has {cfg.num_experts} experts: MoE checkpoints are not written in the "
-                "torch_dist format yet (megatron-core keys its experts on an expert axis this saver does not lay out)",
-                "write the legacy format (--ckpt-format torch, with --target-expert-parallel-size as you train) and "
-                "load it in Megatron-LM with --ckpt-format torch"))
-        if options.naming not in ("local", "te"):
+        # EP and expert-TP are chosen at launch as well; given here, they are checked as the training run
+        # will use them (any expert-TP: this format has no per-TP-rank files that would have to agree with TP)
+        problems += [f for f in check_expert_split(cfg.num_experts, cfg.moe_ffn_hidden_size, tp, options.target_ep,
+                                                   options.target_etp) if f.code != "etp-vs-tp"]
+        if options.naming not in ("local", "te", "te_grouped"):
             problems.append(Finding("naming", f"unknown key naming {options.naming!r}", "use local or transformer_engine"))
         if problems:
             return TargetPlan(files=[], problems=problems)
@@ -333,15 +370,18 @@ class TorchDistSaver(CheckpointSaver):
         items: list[tuple[DistItem, TensorPlan | None]] = []
         dtypes: dict[str, str] = {}
         extras = _extra_state_keys(wm, options.naming)
-        for fqn, layer, plan in dist_entries(wm, padded):
-            sid = f"{fqn}[{layer}]" if layer is not None else fqn
-            shape = (1, *plan.shape) if layer is not None else plan.shape
-            dtypes[fqn] = dtype
-            glob = (cfg.num_layers, *plan.shape) if layer is not None else plan.shape
-            offsets = (layer, *(0,) * len(plan.shape)) if layer is not None else (0,) * len(plan.shape)
-            items.append((DistItem(fqn, slot=Slot(sid, shape, dtype), global_shape=glob, offsets=offsets),
-                          TensorPlan(sid, plan.shape, plan.pieces, plan.rule)))
-        items += [(DistItem(key, data=EXTRA_STATE_BYTES), None) for _, key in extras]
+        # an MoE model's pre-MLP norm goes under both specs' names: Megatron-LM loads the file with either
+        # --transformer-impl (each spec asks for its own name; an unexpected key is fine by its default
+        # --dist-ckpt-strictness)
+        entries = [e for entry in dist_entries(wm, padded)
+                   for e in ((entry, entry.named(entry.alias)) if entry.alias else (entry,))]
+        for entry in entries:
+            plan = entry.plan
+            dtypes[entry.fqn] = dtype
+            cell = DistItem(entry.fqn, slot=Slot(entry.sid, (1,) * len(entry.index) + plan.shape, dtype),
+                            global_shape=(*entry.grid, *plan.shape), offsets=(*entry.index, *(0,) * len(plan.shape)))
+            items.append((cell, TensorPlan(entry.sid, plan.shape, plan.pieces, plan.rule)))
+        items += [(DistItem(key, data=EXTRA_STATE_BYTES), None) for key in extras]
         per_file = min(options.max_shard_size, max(_FILE_BYTES, sum(item_length(i) for i, _ in items) // 8 + 1))
         root = iteration_dir(iteration)
         files: list[TargetFile] = []
@@ -384,6 +424,9 @@ class TorchDistSaver(CheckpointSaver):
         if options.target_pp != 1 or options.target_vpp != 1 or options.num_layer_list:
             notes.append("torch_dist is re-sharded on load: the pipeline layout flags have no effect on it "
                          "(choose PP / virtual stages / an uneven split when launching)")
+        if options.target_ep != 1 or options.target_etp is not None:
+            notes.append("torch_dist is re-sharded on load: the expert layout flags have no effect on it (each expert "
+                         "is stored once, on its own index; choose EP / expert-TP when launching)")
         return TargetPlan(files=files, side_files=side, commit_files={TRACKER: tracker}, layout=layout,
                           naming="te", padded_vocab=padded, notes=notes,
                           description=f"megatron torch_dist, {cfg.num_layers} layers stacked, {len(files)} "

@@ -223,24 +223,27 @@ def _dist_expected(out: SourceCheckpoint, found: dict[str, Any]) -> dict[str, An
     """The torch_dist keys of megatron-core's GPTModel (its TP 1 state dict, layers stacked; extra states as
     per-layer objects of the local or the TE spec, whichever the checkpoint holds; the output layer's is never
     saved)."""
-    import re
-
     from ..parallel import Layout
     from .mcore_keys import megatron_expected_state
+    from .megatron_layout import dist_cell, dist_local_spec_name, dist_object_key
 
     layers = out.config.num_layers
+    grids = {0: (), 1: (layers,), 2: (layers, out.config.num_experts or 0)}
     layout = Layout.build(layers, 1, 1, 1)
     tensors: dict[str, Any] = {}
     objects: dict[str, dict[str, Any]] = {}
     for naming in ("local", "te"):
         objects[naming] = {}
         for key, shape in megatron_expected_state(out.config, layout, 0, 0, naming, out.padded_vocab).items():
-            m = re.match(r"decoder\.layers\.(\d+)\.(.+)\Z", key)
+            name, cell = dist_cell(key)
             if shape is None:
-                if m:
-                    objects[naming][f"decoder.layers.{m.group(2)}/shard_{m.group(1)}_{layers}"] = None
-            elif naming == "te":  # megatron-core's local spec saves its norms under the TE names too
-                tensors["decoder.layers." + m.group(2) if m else key] = (layers, *shape) if m else shape
+                if cell:
+                    objects[naming][dist_object_key(name, cell, grids[len(cell)])] = None
+            elif naming == "te":  # megatron-core's local spec saves its norms under the TE names too...
+                # ...but an MoE model's pre-MLP norm under a name of its own: either (or both) will do
+                alias = dist_local_spec_name(name)
+                for held_as in [n for n in (name, alias) if n is not None and n in found] or [name]:
+                    tensors[held_as] = (*grids[len(cell)], *shape)
     held = {k for k in found if found[k] is None}
     return {**tensors, **(objects["te"] if held == set(objects["te"]) else objects["local"])}
 

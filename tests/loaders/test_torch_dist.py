@@ -11,6 +11,7 @@ tests/megatron_lm/test_torch_dist_qwen3.py.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import pickle
 import subprocess
@@ -153,7 +154,7 @@ def test_missing_and_foreign_tensors_are_refused_with_the_keys(qwen3_dist, tmp_p
         convert(str(iter_dir), str(tmp_path / "hf"), "torch_dist", "hf")
     text = str(err.value)
     assert "lacks 8 tensor(s)" in text and "2 problems" in text and "decoder.layers.self_attention.linear_qkv.weight" in text
-    assert "decoder.layers.mlp.experts.linear_fc1.weight" in text and "MoE torch_dist" in text
+    assert "decoder.layers.mlp.experts.linear_fc1.weight" in text and "pass its MoE family" in text
 
 
 def test_metadata_naming_other_globals_is_not_unpickled(qwen3_dist, tmp_path):
@@ -249,12 +250,103 @@ def read_keys(iter_dir):
     return set(read_dist_metadata(os.path.join(iter_dir, ".metadata")).state_dict_metadata)
 
 
-def test_an_moe_model_is_refused_before_anything_is_written(hf_checkpoint, tmp_path):
-    # megatron-core keys SequentialMLP experts on an expert axis of their own in torch_dist; a
-    # dense-style per-expert layout would be a checkpoint Megatron-LM cannot load
+def _legacy_tp1_stacked(path):
+    """The legacy TP 1 checkpoint's tensors stacked as megatron-core keys them in torch_dist: layers on axis 0,
+    an expert's tensors (``...local_experts.{e}...``) on the expert axis 1, under the name SequentialMLP gives them
+    (``experts.`` prepended to the module path ``mlp.experts``) — built from the legacy keys by hand."""
+    cells: dict[str, dict[tuple[int, ...], torch.Tensor]] = {}
+    state = {}
+    for key, value in _legacy_tp1(path).items():
+        parts = key.split(".")
+        if key.startswith("decoder.layers.") and parts[3:6] == ["mlp", "experts", "local_experts"]:
+            cells.setdefault(".".join(["decoder.layers.mlp.experts.experts", *parts[7:]]), {})[(int(parts[2]), int(parts[6]))] = value
+        elif key.startswith("decoder.layers."):
+            cells.setdefault("decoder.layers." + key.split(".", 3)[3], {})[(int(parts[2]),)] = value
+        else:
+            state[key] = value
+    for key, by_cell in cells.items():
+        grid = [1 + max(c[a] for c in by_cell) for a in range(len(next(iter(by_cell))))]
+        assert len(by_cell) == math.prod(grid), key  # every (layer[, expert]) cell once
+        first = next(iter(by_cell.values()))
+        state[key] = torch.stack([by_cell[c] for c in sorted(by_cell)]).reshape(*grid, *first.shape)
+    return state
+
+
+@pytest.fixture(scope="module", params=["qwen3_moe", "mixtral"])
+def moe_dist(request, hf_checkpoint, tmp_path_factory):
+    hf, _ = hf_checkpoint(request.param)
+    root = tmp_path_factory.mktemp(f"dist_{request.param}")
+    result = convert(hf, str(root / "dist"), "hf", "torch_dist", ConvertOptions(verify=True, naming="te"))
+    convert(hf, str(root / "legacy"), "hf", "mg", ConvertOptions(naming="te"))
+    return request.param, hf, root, result
+
+
+def test_moe_experts_lie_on_their_own_axis_as_torch_reads_them(moe_dist):
+    """megatron-core's SequentialMLP / TEGroupedMLP layout: ``decoder.layers.mlp.experts.experts.linear_fc1.weight`` is
+    [layers, experts, 2 x expert FFN, hidden] (gate over up), the router [layers, experts, hidden]."""
+    family, _, root, result = moe_dist
+    assert result.verify.ok and result.verify.key_sets_checked == 1, result.verify.summary()
+    want = _legacy_tp1_stacked(str(root / "legacy"))
+    experts = {"qwen3_moe": 8, "mixtral": 4}[family]
+    ffn = {"qwen3_moe": 32, "mixtral": 48}[family]
+    assert want["decoder.layers.mlp.experts.experts.linear_fc1.weight"].shape == (4, experts, 2 * ffn, 64)
+    assert want["decoder.layers.mlp.experts.experts.linear_fc2.weight"].shape == (4, experts, 64, ffn)
+    assert want["decoder.layers.mlp.router.weight"].shape == (4, experts, 64)
+    loaded = _dcp_load(str(root / "dist" / "iter_0000001"), {k: v.shape for k, v in want.items()})
+    assert all(torch.equal(loaded[k], want[k]) for k in want)
+    held = read_keys(str(root / "dist" / "iter_0000001"))
+    assert set(want) <= held
+    # one extra-state object per layer and expert, keyed by megatron-core's offsets (layer.expert_layers.experts)
+    assert f"decoder.layers.mlp.experts.experts.linear_fc2._extra_state/shard_3.{experts - 1}_4.{experts}" in held
+    assert sum("experts.experts.linear_fc1._extra_state" in k for k in held) == 4 * experts
+    # the pre-MLP norm (apart from fc1 in an MoE layer) also under the local spec's name for it, equal
+    norm, local_name = "decoder.layers.pre_mlp_layernorm.weight", "decoder.layers.mlp.linear_fc1.layer_norm_weight"
+    both = _dcp_load(str(root / "dist" / "iter_0000001"), {local_name: want[norm].shape})
+    assert torch.equal(both[local_name], want[norm])
+
+
+def test_moe_torch_dist_round_trips_through_hf_and_the_ep_layout(moe_dist, tmp_path):
+    family, hf, root, _ = moe_dist
+    back = convert(str(root / "dist"), str(tmp_path / "hf"), "mg", "hf", ConvertOptions(verify=True))
+    assert back.source.format == "torch_dist" and back.source.spec.name == family
+    assert back.verify.ok, back.verify.summary()
+    want, got = hf_state(hf), hf_state(str(tmp_path / "hf"))
+    assert set(want) == set(got) and all(torch.equal(want[k], got[k]) for k in want)
+    # torch_dist -> legacy TP2 x EP2 (mp_rank_TT_000_EEE) -> torch_dist: the same bytes
+    convert(str(root / "dist"), str(tmp_path / "mg"), "torch_dist", "mg",
+            ConvertOptions(target_tp=2, target_ep=2, naming="te"))
+    assert sorted(os.listdir(tmp_path / "mg" / "iter_0000001")) == [
+        "mp_rank_00_000", "mp_rank_00_001", "mp_rank_01_000", "mp_rank_01_001"]
+    again = convert(str(tmp_path / "mg"), str(tmp_path / "dist2"), "mg", "torch_dist",
+                    ConvertOptions(verify=True, naming="te"))
+    assert again.verify.ok, again.verify.summary()
+    a = (root / "dist" / "iter_0000001" / "__0_0.distcp").read_bytes()
+    b = (tmp_path / "dist2" / "iter_0000001" / "__0_0.distcp").read_bytes()
+    assert a == b
+
+
+def test_moe_torch_dist_written_by_torch_with_whole_chunks(moe_dist, tmp_path):
+    """One chunk per key holding every layer and every expert: the reader cuts (layer, expert) cells out of it."""
+    import torch.distributed.checkpoint as dcp
+
+    _, hf, root, _ = moe_dist
+    state = _legacy_tp1_stacked(str(root / "legacy"))
+    iter_dir = tmp_path / "ckpt" / "iter_0000003"
+    dcp.save(state, checkpoint_id=str(iter_dir), no_dist=True)
+    (iter_dir / "common.pt").write_bytes((root / "dist" / "iter_0000001" / "common.pt").read_bytes())
+    out = convert(str(iter_dir), str(tmp_path / "hf"), "torch_dist", "hf", ConvertOptions())
+    assert out.source.iteration == 3
+    want, got = hf_state(hf), hf_state(str(tmp_path / "hf"))
+    assert set(want) == set(got) and all(torch.equal(want[k], got[k]) for k in want)
+
+
+def test_moe_torch_dist_takes_any_expert_tp_and_checks_the_expert_split(hf_checkpoint, tmp_path):
     hf, _ = hf_checkpoint("qwen3_moe")
-    with pytest.raises(PreflightError) as err:
-        convert(hf, str(tmp_path / "dist"), "hf", "torch_dist")
-    text = str(err.value)
-    assert "qwen3_moe has 8 experts" in text and "--ckpt-format torch" in text
-    assert not (tmp_path / "dist").exists()
+    # expert-TP 1 under TP 2: the legacy layout cannot hold it, torch_dist has nothing per TP rank
+    out = convert(hf, str(tmp_path / "dist"), "hf", "torch_dist",
+                  ConvertOptions(target_tp=2, target_ep=4, target_etp=1))
+    assert any("expert layout flags have no effect" in n for n in out.plan.notes)
+    with pytest.raises(PreflightError) as err:  # 8 experts do not split over 3 EP ranks
+        convert(hf, str(tmp_path / "bad"), "hf", "torch_dist", ConvertOptions(target_ep=3))
+    assert "experts" in str(err.value) and "3" in str(err.value)
+    assert not (tmp_path / "bad").exists()
