@@ -108,10 +108,12 @@ def _ops(_catalog: Any) -> dict[str, Any]:
     return {"FusibleOperation": ops_api.FusibleOperation, "Sequential": ops_api.Sequential}
 
 
-def _permutation(_catalog: Any) -> dict[str, Any]:
+def _permutation(catalog: Any) -> dict[str, Any]:
     from . import permutation
 
-    return {name: getattr(permutation, name) for name in permutation.__all__}
+    # permute / unpermute take the target's kernels (torch_npu's on npu); the chunk sorts need none
+    return {name: catalog.bound(getattr(permutation, name)) if name in permutation.ON_TARGET
+            else getattr(permutation, name) for name in permutation.__all__}
 
 
 def _router(_catalog: Any) -> dict[str, Any]:
