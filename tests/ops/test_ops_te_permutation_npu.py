@@ -147,3 +147,31 @@ def test_the_shim_binds_the_target_and_cpu_changes_nothing(patched, seeded):
     assert len(log.calls) == 1 and row_map.shape == (2, 6, 2) and torch.equal(permuted, plain[0])
     assert torch.equal(back, P.moe_unpermute(plain[0], plain[1], probs, x.shape))
     assert shim.moe_sort_chunks_by_index is P.moe_sort_chunks_by_index  # no kernel: not bound
+
+
+def test_the_kernels_documented_limits_and_a_missing_unpermute_keep_the_torch_path(cpu_backend, seeded, recorded):
+    log = CallLog(reference_npu_moe_token_permute)
+    x = torch.randn(2, 3)
+    every_expert = torch.ones(2, 513, dtype=torch.bool)  # top-513: over the kernels' top-k limit of 512
+    with cpu_backend.kernels.override(npu_moe_token_permute=log,
+                                      npu_moe_token_unpermute=reference_npu_moe_token_unpermute):
+        permuted, row_map = P.moe_permute(x, every_expert, backend=cpu_backend)
+    assert row_map.shape == (2, 513) and torch.equal(permuted, P.moe_permute(x, every_expert)[0])
+    routing_map, _ = routing(tokens=4, experts=4, topk=2)
+    with cpu_backend.kernels.override(npu_moe_token_permute=log):  # an older torch_npu: permute without unpermute
+        permuted, row_map = P.moe_permute(torch.randn(4, 3), routing_map, backend=cpu_backend)
+    assert row_map.shape == (4, 4) and not log.calls
+    reasons = [u.api for u in recorded.uses()]
+    assert any("(top-513 routing; the kernel takes top-k <= 512)" in r for r in reasons), reasons
+    assert any("(torch_npu has no npu_moe_token_unpermute to undo it)" in r for r in reasons), reasons
+
+
+def test_a_kernel_row_map_unpermutes_by_the_documented_formula_once_the_kernels_are_gone(npu, seeded):
+    backend, logs = npu
+    routing_map, probs = routing(tokens=5, experts=4, topk=2)
+    x = torch.randn(5, 3)
+    permuted, row_map = P.moe_permute(x, routing_map, backend=backend)
+    want = P.moe_unpermute(*P.moe_permute(x, routing_map), probs, x.shape)
+    assert torch.equal(P.moe_unpermute(permuted, row_map, probs, x.shape), want)  # no backend: torch
+    assert torch.equal(P.moe_unpermute(permuted, row_map, probs, x.shape, backend=backend), want)
+    assert len(logs["unpermute"].calls) == 1
