@@ -9,9 +9,10 @@ original order within an expert (megatron's unfused order, which the grouped GEM
 ``tokens_per_expert`` splits rely on).
 
 The ``row_id_map`` handed from ``moe_permute`` to ``moe_unpermute`` is opaque to megatron (it
-stores it and passes it back): here it is ``[tokens, experts]`` int64, the permuted row of each
-(token, expert) pair or -1, so unpermuting knows each row's token and expert (for the merging
-probabilities) and the number of tokens.
+stores it and passes it back): on the torch path it is ``[tokens, experts]`` int64, the permuted
+row of each (token, expert) pair or -1, so unpermuting knows each row's token and expert (for the
+merging probabilities) and the number of tokens; the npu kernels' is ``[2, tokens, topk]`` int32
+(see :mod:`.permutation_npu`).
 
 The ops are index_select / masked_select / scatter_add / split / cat, differentiable by autograd,
 on any device: the same arithmetic as megatron's unfused functions, so a run with the flag equals
