@@ -124,8 +124,12 @@ def main() -> None:
     result["npu_diff"] = max_diff(got, want)
     result["npu_group_types"] = [c["group_type"] for c in log.calls]
     # --moe-permute-fusion through megatron's own dispatchers with torch_npu's permutation kernels (references)
-    permute_log = refs.CallLog(refs.reference_npu_moe_token_permute)
-    unpermute_log = refs.CallLog(refs.reference_npu_moe_token_unpermute)
+    spec = importlib.util.spec_from_file_location("moe_refs", os.path.join(os.path.dirname(sys.argv[1]),
+                                                                           "npu_references_moe.py"))
+    moe_refs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(moe_refs)
+    permute_log = refs.CallLog(moe_refs.reference_npu_moe_token_permute)
+    unpermute_log = refs.CallLog(moe_refs.reference_npu_moe_token_unpermute)
     for dispatcher in ("alltoall", "allgather"):
         plain = layer(te=False, grouped=False, dispatcher=dispatcher)
         fused = layer(te=False, grouped=False, dispatcher=dispatcher, permute_fusion=True)

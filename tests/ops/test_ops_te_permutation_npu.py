@@ -1,6 +1,6 @@
 """The TE layer's MoE permutations on the npu path: torch_npu's npu_moe_token_permute / unpermute.
 
-The kernels are tests/ops/npu_references.py's references of the documented semantics, injected into a
+The kernels are tests/ops/npu_references_moe.py's references of the documented semantics, injected into a
 backend's kernel table; the cpu path (no kernels) is the yardstick. The call shapes are megatron-core's:
 the alltoall dispatcher permutes with probabilities and ``num_out_tokens = tokens * topk`` and unpermutes
 without them; the allgather dispatcher permutes without probabilities, ``num_out_tokens`` a tensor.
@@ -12,7 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from npu_references import CallLog, reference_npu_moe_token_permute, reference_npu_moe_token_unpermute
+from npu_references import CallLog
+from npu_references_moe import reference_npu_moe_token_permute, reference_npu_moe_token_unpermute
 
 from ascend_patch import usage
 from ascend_patch.ops.te import permutation as P
