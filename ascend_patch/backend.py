@@ -49,6 +49,8 @@ NPU_KERNEL_NAMES: tuple[str, ...] = (
     "npu_scaled_masked_softmax",
     "npu_apply_adam_w",
     "npu_grouped_matmul",
+    "npu_moe_token_permute",
+    "npu_moe_token_unpermute",
 )
 
 # torch's fused optimizer kernels (aten ops, called as ``torch.<name>``), which torch_npu

@@ -232,6 +232,10 @@ class ShimCatalog:
                 "multi_tensor_adam": self.multi_tensor["multi_tensor_adam"],
                 "multi_tensor_sgd": self.multi_tensor["multi_tensor_sgd"]}
 
+    def bound(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn`` called with ``backend=`` this catalog's backend."""
+        return _bound(fn, self.backend)
+
     def te_bound(self, cls: type, name: str, module: str) -> type:
         """``cls`` as the shim's class ``name``, bound to this catalog's backend (one class per name per apply)."""
         bound = self._te_classes.get(name)

@@ -1,6 +1,8 @@
 """Child process for test_moe_te: megatron-core's MoE layer built from its TE spec on ascend_patch's
 transformer_engine layer (TEGroupedMLP on GroupedLinear, SequentialMLP on TE linears) against the local
-SequentialMLP with the same weights, in one process. Prints one RESULT JSON line.
+SequentialMLP with the same weights, in one process; then both token dispatchers with
+--moe-permute-fusion on torch_npu's permutation kernels (references) against the unfused ones.
+Prints one RESULT JSON line.
 
 A child because megatron-core decides at its first import whether Transformer Engine exists: in the
 pytest process that may have happened without the shim."""
@@ -33,12 +35,13 @@ from megatron.core.transformer.transformer_config import TransformerConfig  # no
 EXPERTS, HIDDEN, FFN = 4, 32, 48
 
 
-def layer(te: bool, grouped: bool, fusion: bool = False):
+def layer(te: bool, grouped: bool, fusion: bool = False, dispatcher: str = "alltoall", permute_fusion: bool = False):
     config = TransformerConfig(
         num_layers=1, hidden_size=HIDDEN, num_attention_heads=4, ffn_hidden_size=FFN, num_moe_experts=EXPERTS,
-        moe_router_topk=2, moe_token_dispatcher_type="alltoall", moe_grouped_gemm=grouped,
+        moe_router_topk=2, moe_token_dispatcher_type=dispatcher, moe_grouped_gemm=grouped,
         moe_router_load_balancing_type="aux_loss", moe_aux_loss_coeff=0.01, add_bias_linear=False,
-        gated_linear_unit=True, activation_func=F.silu, bias_activation_fusion=fusion)
+        gated_linear_unit=True, activation_func=F.silu, bias_activation_fusion=fusion,
+        moe_permute_fusion=permute_fusion)
     built = build_module(get_moe_module_spec(use_te=te, num_experts=EXPERTS, moe_grouped_gemm=grouped), config=config)
     built.set_layer_number(1)
     return built
@@ -120,6 +123,27 @@ def main() -> None:
         got = run(te_grouped, x)
     result["npu_diff"] = max_diff(got, want)
     result["npu_group_types"] = [c["group_type"] for c in log.calls]
+    # --moe-permute-fusion through megatron's own dispatchers with torch_npu's permutation kernels (references)
+    spec = importlib.util.spec_from_file_location("moe_refs", os.path.join(os.path.dirname(sys.argv[1]),
+                                                                           "npu_references_moe.py"))
+    moe_refs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(moe_refs)
+    permute_log = refs.CallLog(moe_refs.reference_npu_moe_token_permute)
+    unpermute_log = refs.CallLog(moe_refs.reference_npu_moe_token_unpermute)
+    for dispatcher in ("alltoall", "allgather"):
+        plain = layer(te=False, grouped=False, dispatcher=dispatcher)
+        fused = layer(te=False, grouped=False, dispatcher=dispatcher, permute_fusion=True)
+        copy_weights(local, plain)
+        copy_weights(local, fused)
+        want_dispatched = run(plain, x)
+        with ascend_patch.active_backend().kernels.override(npu_moe_token_permute=permute_log,
+                                                            npu_moe_token_unpermute=unpermute_log):
+            got_dispatched = run(fused, x)
+        result[f"permute_{dispatcher}_diff"] = max_diff(got_dispatched, want_dispatched)
+        result[f"permute_{dispatcher}_wgrad_diff"] = max_diff(fc1_grads(fused), fc1_grads(plain))
+    result["permute_calls"] = [[list(c["args"][1].shape), str(c["args"][1].dtype), c["num_out_tokens"]]
+                               for c in permute_log.calls]
+    result["unpermute_calls"] = [[list(c["args"][1].shape), list(c["probs"].shape)] for c in unpermute_log.calls]
     print("RESULT " + json.dumps(result))
     dist.destroy_process_group()
 

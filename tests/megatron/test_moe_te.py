@@ -52,3 +52,18 @@ def test_grouped_and_sequential_experts_share_checkpoint_keys(result):
 def test_grouped_experts_on_the_npu_kernel(result):
     assert result["npu_diff"] < 1e-6
     assert result["npu_group_types"] == [0, 0, 0, 2, 0, 2]  # fc1, fc2; then fc2's and fc1's dgrad and wgrad
+
+
+@pytest.mark.parametrize("dispatcher", ["alltoall", "allgather"])
+def test_permute_fusion_on_the_npu_permutation_kernels_is_the_unfused_dispatch(result, dispatcher):
+    """megatron's dispatchers with --moe-permute-fusion, npu_moe_token_permute / unpermute injected: output,
+    input gradient, aux loss and expert weight gradients equal to the unfused run, bit for bit (top-2)."""
+    assert result[f"permute_{dispatcher}_diff"] == 0.0 and result[f"permute_{dispatcher}_wgrad_diff"] == 0.0, result
+
+
+def test_permute_fusion_calls_the_kernels_with_megatrons_shapes(result):
+    # 32 tokens (16 x 2), top-2 of 4 experts: one permute and one unpermute per dispatcher, forward only
+    # (the references are differentiated by autograd, not called again in backward)
+    assert result["permute_calls"] == [[[32, 2], "torch.int32", 64]] * 2, result["permute_calls"]
+    # the dispatchers merge no probabilities in unpermute: the kernel sums each token's rows with weights 1
+    assert result["unpermute_calls"] == [[[64], [32, 2]]] * 2, result["unpermute_calls"]

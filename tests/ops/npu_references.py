@@ -10,6 +10,8 @@ into a backend's kernel table with ``backend.kernels.override(...)``.
 (``torch._fused_adam_``, ``_fused_adamw_``, ``_fused_sgd_``: the schema and the update that
 ``torch.optim.Adam/AdamW/SGD(fused=True)`` document and call), which torch_npu registers
 for npu tensors; the npu kernel table carries them under those names.
+
+The MoE token permutation kernels are in :mod:`npu_references_moe`.
 """
 
 from __future__ import annotations

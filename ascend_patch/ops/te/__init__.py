@@ -10,7 +10,8 @@ megatron-core's own TE wrappers (``TELinear``, ``TELayerNormColumnParallelLinear
 * :mod:`.norm` - ``LayerNorm``, ``RMSNorm`` (``npu_rms_norm`` on npu);
 * :mod:`.attention` - ``DotProductAttention`` (``npu_fusion_attention`` on npu), with
   context parallelism from :mod:`ascend_patch.ops.context_parallel`;
-* :mod:`.permutation` - MoE token permutations (``--moe-permute-fusion``); :mod:`.router` - MoE routing
+* :mod:`.permutation` - MoE token permutations (``--moe-permute-fusion``; ``npu_moe_token_permute`` /
+  ``npu_moe_token_unpermute`` on npu, :mod:`.permutation_npu`); :mod:`.router` - MoE routing
   and aux loss (``--moe-router-fusion``); :mod:`.cross_entropy` - the vocabulary-parallel loss
   (``--cross-entropy-fusion-impl te``);
 * :mod:`.fp8` - recipes, ``fp8_autocast``, ``FP8GlobalStateManager`` (FP8 off; FP8 asked
@@ -108,10 +109,12 @@ def _ops(_catalog: Any) -> dict[str, Any]:
     return {"FusibleOperation": ops_api.FusibleOperation, "Sequential": ops_api.Sequential}
 
 
-def _permutation(_catalog: Any) -> dict[str, Any]:
+def _permutation(catalog: Any) -> dict[str, Any]:
     from . import permutation
 
-    return {name: getattr(permutation, name) for name in permutation.__all__}
+    # permute / unpermute take the target's kernels (torch_npu's on npu); the chunk sorts need none
+    return {name: catalog.bound(getattr(permutation, name)) if name in permutation.ON_TARGET
+            else getattr(permutation, name) for name in permutation.__all__}
 
 
 def _router(_catalog: Any) -> dict[str, Any]:
