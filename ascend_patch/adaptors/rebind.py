@@ -21,6 +21,7 @@ class Rebindable(Protocol):
     """An applied attribute patch, as re-binding sees it (see ``attributes.AttributeUndo``)."""
 
     owner: Any
+    name: str  # the attribute patched on owner
     original: Any  # what the attribute held before (MISSING when it was added)
     new: Any
     rebound: list[tuple[dict[str, Any], str]]
@@ -90,17 +91,19 @@ def rebind_copies(applied: Iterable[Rebindable], missing: object) -> None:
 def restore_copies(removed: Iterable[Rebindable], missing: object) -> None:
     """Point re-bound copies back at the original, and copies of a replacement made while patched.
 
-    A copy of what an Add patch added (there was no original) is left as it is.
+    A copy of what an Add patch added (there was no original) is left as it is. For a patch
+    that does not re-bind (its original is a shared object, such as megatron's ``jit_fuser``,
+    which *is* ``torch.compile``), only copies under the patched attribute's own name count:
+    ``from megatron.core.jit import jit_fuser`` in a module imported while patched.
     """
     removed = list(removed)
     for undo in removed:
         for d, key in undo.rebound:
             if d.get(key) is undo.new:
                 d[key] = undo.original
-    replaced = {id(u.new): u for u in removed
-                if u.original is not missing and u.rebinds and has_identity(u.new)}
+    replaced = {id(u.new): u for u in removed if u.original is not missing and has_identity(u.new)}
     if not replaced:
         return
     for _, d, key, undo in _holding(replaced):
-        if d[key] is undo.new and d is not own_dict(undo.owner):
+        if d[key] is undo.new and d is not own_dict(undo.owner) and (undo.rebinds or key == undo.name):
             d[key] = undo.original

@@ -147,6 +147,19 @@ def test_copy_made_while_patched_is_restored(isolated, target):
     assert late.f is original
 
 
+def test_copy_of_a_shared_replacement_made_while_patched_is_restored_by_name(isolated, target):
+    """rebind=False (the original is shared, like megatron's jit_fuser = torch.compile): a module imported
+    while patched copies the replacement under the attribute's name; remove() puts the original there, and
+    leaves the same object held under another name alone (not a copy of this attribute)."""
+    original = target.f
+    shared = _module("ap_shared", eager=lambda x: "new").eager
+    isolated("t", Replace("ap_target:f", "test", replacement=shared, rebind=False))
+    apply_cpu()
+    late = _module("ap_late_shared", f=target.f, other=target.f)
+    ascend_patch.remove()
+    assert late.f is original and late.other is shared and sys.modules["ap_shared"].eager is shared
+
+
 def _write_module(tmp_path, name, body):
     (tmp_path / f"{name}.py").write_text(textwrap.dedent(body))
 
