@@ -62,6 +62,10 @@ def unsupported(api: str, target: str, obj: Any = None) -> Any:
     return raiser
 
 
+def _no_devices() -> int:
+    return 0
+
+
 def _is_legacy_type(name: str, obj: Any) -> bool:
     return name.endswith(("Tensor", "Storage")) and (isinstance(obj, type) or type(obj).__name__ == "tensortype")
 
@@ -71,6 +75,7 @@ def cuda_namespace_patches(target: Backend, settings: Settings) -> list[Patch]:
     dm = target.device_module
     provided_action = Action.TRANSLATED if target.name != "cpu" else Action.EMULATED
     patches: list[Patch] = []
+    available = settings.cuda_is_available
     names = [n for n in torch.cuda.__all__ if n != "is_available"] + list(_PRIVATE)
     for name in names:
         obj = getattr(torch.cuda, name, _MISSING)
@@ -82,7 +87,12 @@ def cuda_namespace_patches(target: Backend, settings: Settings) -> list[Patch]:
         provided = getattr(dm, name, _MISSING)
         if provided is obj:
             continue  # already what the target says (has_half = True)
-        if provided is not _MISSING:
+        if provided is not _MISSING and name == "device_count" and not available:
+            # as on a machine without a GPU, and as torch.accelerator answers: no devices
+            patches.append(Replace("torch.cuda:device_count", "0: CUDA is reported unavailable "
+                                   "(ASCEND_PATCH_CUDA_IS_AVAILABLE=0)", replacement=_no_devices,
+                                   action=Action.EMULATED, api=api))
+        elif provided is not _MISSING:
             action = Action(getattr(provided, "__ascend_action__", provided_action.value))
             patches.append(Replace(f"torch.cuda:{name}",
                                    f"onto {target.name}'s device module", replacement=provided,
@@ -92,7 +102,6 @@ def cuda_namespace_patches(target: Backend, settings: Settings) -> list[Patch]:
                                    f"no {target.name} counterpart: raises naming the API",
                                    replacement=unsupported(api, target.name, obj),
                                    action=Action.UNSUPPORTED, api=api))
-    available = settings.cuda_is_available
 
     def is_available() -> bool:
         return available

@@ -81,11 +81,14 @@ def test_device_generic_events_time_on_the_host(patched):
 def test_cuda_not_available_means_no_accelerator():
     import ascend_patch
 
+    before = torch.cuda.device_count
     with ascend_patch.patched(Settings(device="cpu", cuda_is_available=False)):
         assert accelerator.is_available() is False and torch.cuda.is_available() is False
         assert accelerator.current_accelerator() is None
         assert accelerator.device_count() == 0
+        assert torch.cuda.device_count() == 0  # the two agree, as on a machine without a GPU
         assert torch.get_device_module() is torch.cpu
+    assert torch.cuda.device_count is before
 
 
 def test_remove_restores_every_function_by_identity():
