@@ -13,10 +13,16 @@ throughput >= 0.8x its copy's (best of runs), peak RSS <= 10% of the model and n
 the dense model's.
 
     PYTHONPATH=. python benchmarks/convert.py [--repeats 7] [--keep] [--models dense,moe] [--also=--no-zip-crc ...]
+                                              [--case torch_dist->hf,moe] [--baseline /path/to/other/checkout]
 
 ``--also=FLAG`` adds, for each model, a TP1/PP1 row converted with that flag, measured in the
 same alternating runs, so a setting's cost is a ratio within one run (the CRC-32 fields cost
 ~1.7x in the streaming phase: compare the default row with ``--also=--no-zip-crc``).
+
+``--case A,B`` keeps only the conversions whose name contains one of the substrings (the copy of
+each model they convert is always kept). ``--baseline DIR`` adds, for every conversion, a row
+``NAME [baseline]`` run with ``DIR`` (another checkout of ascend_patch, e.g. ``git archive main``
+unpacked) first on PYTHONPATH, in the same alternating runs: before / after side by side.
 
 Everything lives in a temporary directory under /tmp, deleted at the end.
 """
@@ -130,11 +136,11 @@ def _du(path: str) -> int:
     return sum(os.path.getsize(os.path.join(d, n)) for d, _, files in os.walk(path) for n in files)
 
 
-def timed(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, int, str]:
+def timed(cmd: list[str], env: dict[str, str] | None = None, cwd: str | None = None) -> tuple[float, int, str]:
     """(wall seconds, peak RSS bytes of the child from wait4, its stdout) for one command."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         start = time.perf_counter()
-        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=err)
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=err, cwd=cwd)
         _, status, usage = os.wait4(proc.pid, 0)
         seconds = time.perf_counter() - start
         proc.returncode = os.waitstatus_to_exitcode(status)
@@ -159,6 +165,10 @@ def main() -> int:
     parser.add_argument("--also", action="append", default=[], metavar="FLAG",
                         help="add a TP1/PP1 row per model converted with this extra flag (repeatable), "
                              "e.g. --also=--no-zip-crc")
+    parser.add_argument("--case", default="", help="only the conversions whose name contains one of these "
+                                                      "comma-separated substrings (e.g. 'torch_dist->hf,moe')")
+    parser.add_argument("--baseline", metavar="DIR", help="another ascend_patch checkout: each conversion also runs "
+                                                         "with it first on PYTHONPATH, as a row 'NAME [baseline]'")
     parser.add_argument("--generate-into", help=argparse.SUPPRESS)
     parser.add_argument("--generate-model", default="dense", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -222,12 +232,30 @@ def main() -> int:
                 plan["torch_dist->hf"] = (model, [
                     sys.executable, "-m", "ascend_patch.cli", "convert", "--load-model-type", "mg", "--save-model-type",
                     "hf", "--load-dir", dist, "--no-progress", "--save-dir"])
+        cases = [c.strip() for c in args.case.split(",") if c.strip()]
+        if cases:
+            kept = {n: v for n, v in plan.items() if not n.startswith("cp -r") and any(c in n for c in cases)}
+            if not kept:
+                parser.error(f"--case {args.case!r} matches none of: "
+                             f"{', '.join(n for n in plan if not n.startswith('cp -r'))}")
+            plan = {n: v for n, v in plan.items() if n in kept or (n.startswith("cp -r") and any(
+                m == v[0] for m, _ in kept.values()))}
+        envs = {name: env for name in plan}
+        cwds: dict[str, str | None] = {name: None for name in plan}
+        if args.baseline:
+            base_env = dict(env, PYTHONPATH=os.path.abspath(args.baseline) + os.pathsep + env.get("PYTHONPATH", ""))
+            for name in [n for n in plan if not n.startswith("cp -r")]:
+                plan[f"{name} [baseline]"] = plan[name]
+                envs[f"{name} [baseline]"] = base_env
+                cwds[f"{name} [baseline]"] = os.path.abspath(args.baseline)  # `python -m` puts the cwd first
+            plan = dict(sorted(plan.items(), key=lambda kv: (kv[1][0], kv[0].replace(" [baseline]", ""),
+                                                             not kv[0].endswith("[baseline]"))))
         runs: dict[str, list[tuple[float, int, int, float | None]]] = {name: [] for name in plan}
         for _ in range(args.repeats):
             for name, (model, cmd) in plan.items():
                 dst = os.path.join(root, "out")
                 os.sync()  # every run starts with no dirty pages left by the previous one (writeback would throttle it)
-                seconds, rss, stdout = timed([*cmd, dst], env)
+                seconds, rss, stdout = timed([*cmd, dst], envs[name], cwds[name])
                 written = _du(dst)
                 shutil.rmtree(dst)
                 runs[name].append((seconds, rss, written, _write_phase(stdout)))
@@ -248,7 +276,7 @@ def main() -> int:
             stream = min(phases) if phases else best
             if name.startswith("cp -r"):
                 cp[model] = (written / best, written / median)
-            elif "torch_dist" not in name:  # the hf -> legacy conversions are what MoE and dense compare on
+            elif "torch_dist" not in name and not name.endswith("[baseline]"):  # hf -> legacy: what MoE and dense compare on
                 peak[model] = max(peak.get(model, 0), rss)
             cp_best, cp_median = cp[model]
             print(f"{name:<{w}} {written / 1e9:>10.3f} {best:>7.2f} {written / best / cp_best:>5.2f} {median:>9.2f} "
@@ -258,7 +286,7 @@ def main() -> int:
               f"'median' are over the {args.repeats} alternating runs of each (a shared virtual machine only ever slows "
               "a run down, so the best is the least disturbed); end to end includes interpreter start, imports, plugin "
               "discovery and preflight. 'stream s' is the converter's own figure for its streaming phase (best run).")
-        for model in models:
+        for model in [m for m in models if m in peak]:
             print(f"{model} model size {sizes[model] / 1e9:.3f} GB; peak RSS of its conversions "
                   f"{peak.get(model, 0) / 1e6:.0f} MB (hf -> mg legacy)")
         print(f"goals: dense >= 0.50x cp throughput and peak RSS <= 25% of its size; MoE >= 0.80x cp (best of runs), "
