@@ -136,8 +136,9 @@ def _du(path: str) -> int:
     return sum(os.path.getsize(os.path.join(d, n)) for d, _, files in os.walk(path) for n in files)
 
 
-def timed(cmd: list[str], env: dict[str, str] | None = None, cwd: str | None = None) -> tuple[float, int, str]:
-    """(wall seconds, peak RSS bytes of the child from wait4, its stdout) for one command."""
+def timed(cmd: list[str], env: dict[str, str] | None = None,
+          cwd: str | None = None) -> tuple[float, int, str, float]:
+    """(wall seconds, peak RSS bytes of the child from wait4, its stdout, its CPU seconds: user + system)."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         start = time.perf_counter()
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=err, cwd=cwd)
@@ -148,7 +149,7 @@ def timed(cmd: list[str], env: dict[str, str] | None = None, cwd: str | None = N
         err.seek(0)
         if proc.returncode != 0:
             raise SystemExit(f"{' '.join(cmd)} failed: {err.read().decode()[-2000:]}")
-        return seconds, usage.ru_maxrss * 1024, out.read().decode()
+        return seconds, usage.ru_maxrss * 1024, out.read().decode(), usage.ru_utime + usage.ru_stime
 
 
 def _write_phase(stdout: str) -> float | None:
@@ -204,9 +205,9 @@ def main() -> int:
             total = int(gen.stdout.strip().splitlines()[-1])
             print(f"generated the {model} model: {len(_tensors(MODELS[model]))} tensors, {total / 1e9:.3f} GB bf16 "
                   f"({total / 2 / 1e9:.3f} B parameters) in {time.perf_counter() - t0:.1f} s")
-        floor_s, floor_rss, _ = timed([sys.executable, "-c", "import ascend_patch.cli, ascend_patch.loaders.engine, "
+        floor_s, floor_rss, *_ = timed([sys.executable, "-c", "import ascend_patch.cli, ascend_patch.loaders.engine, "
                                     "ascend_patch.loaders.hf, ascend_patch.loaders.megatron, safetensors, tqdm"], env)
-        torch_s, torch_rss, _ = timed([sys.executable, "-c", "import torch"], env)
+        torch_s, torch_rss, *_ = timed([sys.executable, "-c", "import torch"], env)
         plan: dict[str, tuple[str, list[str]]] = {}  # run -> (model, command without --save-dir)
         for model in models:
             plan[f"cp -r {model}"] = (model, ["cp", "-r", sources[model]])
@@ -250,29 +251,30 @@ def main() -> int:
                 cwds[f"{name} [baseline]"] = os.path.abspath(args.baseline)  # `python -m` puts the cwd first
             plan = dict(sorted(plan.items(), key=lambda kv: (kv[1][0], kv[0].replace(" [baseline]", ""),
                                                              not kv[0].endswith("[baseline]"))))
-        runs: dict[str, list[tuple[float, int, int, float | None]]] = {name: [] for name in plan}
+        runs: dict[str, list[tuple[float, int, int, float | None, float]]] = {name: [] for name in plan}
         for _ in range(args.repeats):
             for name, (model, cmd) in plan.items():
                 dst = os.path.join(root, "out")
                 os.sync()  # every run starts with no dirty pages left by the previous one (writeback would throttle it)
-                seconds, rss, stdout = timed([*cmd, dst], envs[name], cwds[name])
+                seconds, rss, stdout, cpu = timed([*cmd, dst], envs[name], cwds[name])
                 written = _du(dst)
                 shutil.rmtree(dst)
-                runs[name].append((seconds, rss, written, _write_phase(stdout)))
+                runs[name].append((seconds, rss, written, _write_phase(stdout), cpu))
         print(f"\ninterpreter floor (python + the converter's imports, no torch): peak RSS {floor_rss / 1e6:.0f} MB, "
               f"{floor_s:.2f} s; for scale, `import torch` alone: {torch_rss / 1e6:.0f} MB, {torch_s:.2f} s")
         w = max(len(n) for n in plan)
         print(f"{'run':<{w}} {'written GB':>10} {'best s':>7} {'x cp':>5} {'median s':>9} {'x cp':>5} "
-              f"{'stream s':>9} {'x cp':>5} {'peak RSS MB':>12} {'RSS/model':>10}")
+              f"{'stream s':>9} {'x cp':>5} {'peak RSS MB':>12} {'RSS/model':>10} {'CPU s':>6}")
         cp: dict[str, tuple[float, float]] = {}
         peak: dict[str, int] = {}
         for name, samples in runs.items():
             model = plan[name][0]
-            times = [s for s, _, _, _ in samples]
+            times = [s for s, *_ in samples]
             best, median = min(times), statistics.median(times)
-            rss = max(r for _, r, _, _ in samples)
+            rss = max(r for _, r, *_ in samples)
+            cpu = statistics.median(c for *_, c in samples)
             written = samples[0][2]
-            phases = [p for *_, p in samples if p is not None]
+            phases = [p for *_, p, _ in samples if p is not None]
             stream = min(phases) if phases else best
             if name.startswith("cp -r"):
                 cp[model] = (written / best, written / median)
@@ -281,11 +283,13 @@ def main() -> int:
             cp_best, cp_median = cp[model]
             print(f"{name:<{w}} {written / 1e9:>10.3f} {best:>7.2f} {written / best / cp_best:>5.2f} {median:>9.2f} "
                   f"{written / median / cp_median:>5.2f} {stream:>9.2f} {written / stream / cp_best:>5.2f} "
-                  f"{rss / 1e6:>12.0f} {rss / sizes[model]:>9.1%}")
+                  f"{rss / 1e6:>12.0f} {rss / sizes[model]:>9.1%} {cpu:>6.2f}")
         print("\n'x cp' is throughput (bytes written per second) over the copy's of the same model. 'best' and "
               f"'median' are over the {args.repeats} alternating runs of each (a shared virtual machine only ever slows "
               "a run down, so the best is the least disturbed); end to end includes interpreter start, imports, plugin "
-              "discovery and preflight. 'stream s' is the converter's own figure for its streaming phase (best run).")
+              "discovery and preflight. 'stream s' is the converter's own figure for its streaming phase (best run). "
+              "'CPU s' is the child's user + system time (median): what a run costs the machine, which other "
+              "work on a shared one moves far less than wall time.")
         for model in [m for m in models if m in peak]:
             print(f"{model} model size {sizes[model] / 1e9:.3f} GB; peak RSS of its conversions "
                   f"{peak.get(model, 0) / 1e6:.0f} MB (hf -> mg legacy)")
