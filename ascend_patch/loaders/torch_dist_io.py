@@ -27,10 +27,11 @@ from __future__ import annotations
 
 import io
 import os
+import struct
 import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..dtypes import DTYPES
 from .blocks import CorruptCheckpoint
@@ -162,13 +163,23 @@ def chunk_record(fd: int, path: str, offset: int, length: int) -> ChunkRecord:
     from .torch_pickle import NeedsTorch, load_tensor
 
     try:
-        archive = zipfile.ZipFile(_FileView(fd, offset, length))
-        infos = archive.infolist()
+        infos = _directory(fd, offset, length)
+        archive = None
+        if infos is None:  # anything but the plain archive torch.save writes: zipfile reads it
+            archive = zipfile.ZipFile(_FileView(fd, offset, length))
+            infos = archive.infolist()
         records = [i for i in infos if "/data/" in i.filename and not i.filename.endswith("/")]
         pickles = [i for i in infos if i.filename.endswith("/data.pkl") and i.filename.count("/") == 1]
         if len(pickles) != 1:
             raise ValueError(f"{len(pickles)} data.pkl records")
-        tensor = load_tensor(archive.read(pickles[0]))
+        if archive is not None:
+            data = archive.read(pickles[0])
+        else:
+            at = _record_data(fd, path, offset, pickles[0])
+            data = os.pread(fd, pickles[0].file_size, at)
+            if len(data) != pickles[0].file_size or at + len(data) > offset + length:
+                raise ValueError("its data.pkl ends past the item")
+        tensor = load_tensor(data)
     except NeedsTorch:
         return _chunk_record_torch(fd, path, offset, length)
     except Exception as exc:
@@ -180,19 +191,71 @@ def chunk_record(fd: int, path: str, offset: int, length: int) -> ChunkRecord:
     element = DTYPES[tensor.dtype].itemsize
     extent = (tensor.storage_offset + 1 + sum((d - 1) * s for d, s in zip(tensor.shape, tensor.stride))) \
         if all(tensor.shape) else 0
-    if extent > tensor.storage.numel or tensor.storage.numel * element != records[0].file_size:
+    start = _record_data(fd, path, offset, records[0])
+    if extent > tensor.storage.numel or tensor.storage.numel * element != records[0].file_size \
+            or start + records[0].file_size > offset + length:
         raise CorruptCheckpoint(f"{path}: the tensor at byte {offset} ({tensor.dtype}{list(tensor.shape)}) does not fit "
-                                f"its storage record of {records[0].file_size} bytes (damaged)")
-    return ChunkRecord(_record_data(fd, path, offset, records[0]) + tensor.storage_offset * element, tensor.shape,
-                       tensor.stride, tensor.dtype)
+                                f"its storage record of {records[0].file_size} bytes inside the item (damaged)")
+    return ChunkRecord(start + tensor.storage_offset * element, tensor.shape, tensor.stride, tensor.dtype)
 
 
-def _record_data(fd: int, path: str, offset: int, info: zipfile.ZipInfo) -> int:
+class _Record(NamedTuple):
+    """The fields of a ``zipfile.ZipInfo`` the chunk reader uses."""
+
+    filename: str
+    header_offset: int
+    file_size: int
+    compress_type: int
+
+
+_END = struct.Struct("<4s4H2LH")  # end of central directory
+_CENTRAL = struct.Struct("<4s6H3L5H2L")  # a central directory entry
+
+
+def _directory(fd: int, offset: int, length: int) -> list[_Record] | None:
+    """The records of the small archive at ``[offset, offset + length)`` from one read of its tail.
+
+    ``zipfile`` takes ~8 reads and ~250 us of Python per archive, which for an MoE
+    checkpoint's thousands of chunks is most of its start-up. This reads only the plain
+    form ``torch.save`` writes for an archive under 4 GB — no comment, no zip64 sizes or
+    offsets, the directory right before its end record or before the zip64 end record and
+    locator torch's writer adds — and returns None for anything else, which ``zipfile``
+    then reads (or rejects with its own message).
+    """
+    tail = min(length, 8192)
+    buf = os.pread(fd, tail, offset + length - tail)
+    if len(buf) != tail or tail < _END.size:
+        return None
+    end = tail - _END.size
+    sig, disk, cd_disk, count, total, cd_size, cd_offset, comment = _END.unpack_from(buf, end)
+    gap = length - _END.size - cd_offset - cd_size  # torch's writer puts zip64 end records there (56 + 20 bytes)
+    if sig != b"PK\x05\x06" or comment or disk or cd_disk or count != total or cd_size + gap > end or not (
+            gap == 0 or (gap == 76 and buf[end - 76:end - 72] == b"PK\x06\x06" and buf[end - 20:end - 16] == b"PK\x06\x07")):
+        return None
+    end -= gap
+    pos, out = end - cd_size, []
+    for _ in range(count):
+        if pos + _CENTRAL.size > end:
+            return None
+        (sig, _, _, _, method, _, _, _, csize, size, name_len, extra_len, comment_len, _, _, _,
+         header) = _CENTRAL.unpack_from(buf, pos)
+        if sig != b"PK\x01\x02" or 0xFFFFFFFF in (csize, size, header) or csize != size:
+            return None
+        name = buf[pos + _CENTRAL.size:pos + _CENTRAL.size + name_len].decode("utf-8", "replace")
+        out.append(_Record(name, header, size, method))
+        pos += _CENTRAL.size + name_len + extra_len + comment_len
+    return out if pos == end else None
+
+
+def _record_data(fd: int, path: str, offset: int, info: Any) -> int:
     """The file offset of a stored record's first byte (after its local header)."""
     if info.compress_type != zipfile.ZIP_STORED:
         raise CorruptCheckpoint(f"{path}: the tensor record at byte {offset} is compressed; torch.save never does that")
-    header = os.pread(fd, 30, offset + info.header_offset)
+    name = info.filename.encode()
+    header = os.pread(fd, 30 + len(name), offset + info.header_offset)
     name_len, extra_len = int.from_bytes(header[26:28], "little"), int.from_bytes(header[28:30], "little")
+    if header[:4] != b"PK\x03\x04" or name_len != len(name) or header[30:] != name:
+        raise CorruptCheckpoint(f"{path}: the item at byte {offset} has no local header for {info.filename} (damaged)")
     return offset + info.header_offset + 30 + name_len + extra_len
 
 
@@ -206,6 +269,11 @@ def _chunk_record_torch(fd: int, path: str, offset: int, length: int) -> ChunkRe
         records = [i for i in archive.infolist() if "/data/" in i.filename and not i.filename.endswith("/")]
         tensor = torch.load(io.BufferedReader(_FileView(fd, offset, length)), map_location="meta", weights_only=True)
     except Exception as exc:
+        from .torch_io import _ANY_GLOBAL, _unsafe
+
+        named = _ANY_GLOBAL.search(str(exc))
+        if named:  # torch's own message would suggest weights_only=False, which runs the file
+            raise _unsafe(f"{path} (the item at byte {offset})", named.group(1) or named.group(2)) from None
         raise CorruptCheckpoint(f"{path}: the item at bytes {offset}..{offset + length} is not a torch.save archive "
                                 f"of a tensor ({exc}); the file is truncated or was written differently") from None
     if not isinstance(tensor, torch.Tensor) or len(records) != 1:

@@ -165,3 +165,52 @@ def test_reading_torch_dist_does_not_import_torch(ours, tmp_path):
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["torch_dist", "False"]
+
+
+def test_archives_the_fast_directory_read_declines_still_read_and_damage_is_named(tmp_path):
+    """An archive with a zip comment (not what torch.save writes) goes through zipfile and reads the same; a chunk
+    cut short or pointing outside itself is refused naming the file."""
+    import io
+    import zipfile
+
+    from ascend_patch.loaders.torch_dist_io import _directory
+
+    buf = io.BytesIO()
+    torch.save(torch.arange(12, dtype=torch.float32).reshape(3, 4).t(), buf)
+    plain = buf.getvalue()
+    commented = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(plain)) as src, zipfile.ZipFile(commented, "w") as out:
+        for info in src.infolist():
+            out.writestr(info, src.read(info))
+        out.comment = b"re-zipped"
+    path = tmp_path / "__0_0.distcp"
+    pad = b"\x07" * 100  # the items sit at an offset in the file, as in a .distcp
+    path.write_bytes(pad + plain + commented.getvalue())
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        first = (len(pad), len(plain))
+        second = (len(pad) + len(plain), len(commented.getvalue()))
+        assert _directory(fd, *first) is not None and _directory(fd, *second) is None
+        recs = [chunk_record(fd, str(path), *item) for item in (first, second)]
+        theirs = _chunk_record_torch(fd, str(path), *second)
+        for rec in recs:
+            assert (rec.shape, rec.stride, rec.dtype) == ((4, 3), (1, 4), "float32")
+            raw = os.pread(fd, 48, rec.data_offset)
+            assert torch.equal(torch.frombuffer(bytearray(raw), dtype=torch.float32), torch.arange(12.0))
+        assert recs[1].data_offset == theirs.data_offset
+        with pytest.raises(CorruptCheckpoint, match="__0_0.distcp"):
+            chunk_record(fd, str(path), len(pad), len(plain) - 40)  # the item's end (its directory) cut off
+    finally:
+        os.close(fd)
+    # a pickle naming another function: torch's weights-only reader gets it, and refuses it without suggesting
+    # weights_only=False (which would run it)
+    path.write_bytes(pad + plain.replace(b"_rebuild_tensor_v2", b"_rebuild_tensor_vX"))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with pytest.raises(UnsafeCheckpoint, match=r"__0_0.distcp \(the item at byte 100\): refusing to unpickle "
+                                                   r"torch._utils._rebuild_tensor_vX") as err:
+            chunk_record(fd, str(path), len(pad), len(plain))
+        assert "nothing from the file was executed" in str(err.value) and "weights_only` set to `False`" not in str(
+            err.value)
+    finally:
+        os.close(fd)
