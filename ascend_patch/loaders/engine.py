@@ -192,12 +192,15 @@ def _write_all(source: SourceCheckpoint, plan: TargetPlan, staging: str, options
             written += event[3]
             if on_progress:
                 on_progress("tensor", {"file": event[1], "key": event[2], "written": written})
+        elif kind == "written":
+            written += event[1]
         elif kind == "file" and on_progress:
             on_progress("file", {"file": event[1], "written": written})
 
     try:
         write_groups(_lockstep_groups(plan.files), source.tensors, options.workers or default_workers(),
-                     open_writer, _write_tensor, BLOCK_BYTES, on_event)
+                     open_writer, _write_tensor, BLOCK_BYTES, on_event,
+                     fine_events=bar is not None or on_progress is not None)
     finally:
         if bar is not None:
             bar.close()
