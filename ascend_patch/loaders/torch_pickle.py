@@ -27,6 +27,7 @@ from __future__ import annotations
 import collections
 import io
 import pickle
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -152,6 +153,10 @@ def _device(*args: Any) -> TorchName:
 # torch values named in these pickles besides the dtypes
 _TORCH_VALUES = {"strided", "sparse_coo", "contiguous_format", "preserve_format", "channels_last",
                  "channels_last_3d"}
+# every torch.dtype's name (torch 2.13: float8_e4m3fn, uint16, complex64, qint8, bits8, ...), so a checkpoint of a
+# dtype the converter does not handle reads, and the converter then names that dtype (as with torch's own reader)
+_DTYPE_NAME = re.compile(r"(u?int\d+|float\d+(_[a-z0-9]+)*|bfloat16|complex\d+|bool|bits\w+|qu?int\w+|bit|half|float|"
+                         r"double|cfloat|cdouble|chalf|long|int|short)\Z")
 _STORAGES = {d.storage: name for name, d in DTYPES.items()}
 
 
@@ -160,7 +165,7 @@ def _torch_global(name: str) -> Any:
         return _size
     if name == "device":
         return _device
-    if name in DTYPES or name in _TORCH_VALUES:
+    if name in DTYPES or name in _TORCH_VALUES or _DTYPE_NAME.match(name):
         return TorchName("torch", name)
     if name in _STORAGES:
         return TorchName("torch", name)
