@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import io
 import os
+import pickle
 import struct
 import zipfile
 from collections.abc import Sequence
@@ -55,24 +56,30 @@ __all__ = [
 EXTRA_STATE_BYTES = zip_bytes([None])
 
 
-
 def read_dist_metadata(path: str) -> Any:
     """The ``Metadata`` in the file ``path`` (a ``.metadata``), read without importing torch.
 
     Its objects are :class:`~.torch_pickle.DcpRecord` stand-ins with the fields of
     torch.distributed.checkpoint's classes (``state_dict_metadata``, ``storage_data``, a
     chunk's ``offsets`` / ``sizes`` as tuples, ``properties.dtype`` whose ``str()`` is
-    torch's); nothing but those types, dtypes, sizes and paths is unpickled.
+    torch's); nothing but those types, dtypes, sizes and paths is unpickled. A pickle naming
+    a class of that package the stand-ins do not model is read with torch's own classes.
     """
-    from .torch_pickle import DcpRecord, RefusedGlobal, load_metadata
+    from .torch_pickle import DcpRecord, NeedsTorch, RefusedGlobal, load_metadata
 
     try:
         with open(path, "rb") as f:
-            metadata = load_metadata(f.read())
+            data = f.read()
+        try:
+            metadata = load_metadata(data)
+        except NeedsTorch:  # a class of torch.distributed.checkpoint the stand-ins do not know: torch's own
+            return _read_metadata_torch(path, data)
     except RefusedGlobal as exc:
         raise CorruptCheckpoint(f"the torch_dist metadata names {exc.path}, which a checkpoint's metadata never "
                                 "holds; refusing to unpickle it (nothing from the file was executed)") from None
-    except Exception as exc:  # NeedsTorch too: a state no torch writer produces
+    except CorruptCheckpoint:
+        raise
+    except Exception as exc:
         raise CorruptCheckpoint(f"{path} cannot be read as torch.distributed.checkpoint metadata: {exc} "
                                 "(truncated or written by something else?)") from None
     if not (isinstance(metadata, DcpRecord) and metadata.cls.endswith(".Metadata")
@@ -81,6 +88,38 @@ def read_dist_metadata(path: str) -> Any:
     if not isinstance(metadata.storage_data, dict):
         raise CorruptCheckpoint(f"{path} has no storage_data (where each chunk is); it was not written by "
                                 "torch.distributed.checkpoint's file-system writer")
+    return metadata
+
+
+class _TorchMetadataUnpickler(pickle.Unpickler):
+    """torch.distributed.checkpoint's own types, torch.Size, dtypes, paths; nothing else is constructed."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        import torch
+
+        from .torch_pickle import RefusedGlobal
+
+        if module.startswith("torch.distributed.checkpoint.") or (module, name) == ("torch.serialization",
+                                                                                   "_get_layout"):
+            return super().find_class(module, name)
+        if module == "pathlib" and name in ("PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"):
+            return super().find_class(module, name)
+        if module == "torch" and (name in ("Size", "device", "layout", "strided", "contiguous_format",
+                                           "preserve_format", "channels_last", "channels_last_3d", "memory_format")
+                                  or isinstance(getattr(torch, name, None), torch.dtype)):
+            return getattr(torch, name)
+        raise RefusedGlobal(f"{module}.{name}")
+
+
+def _read_metadata_torch(path: str, data: bytes) -> Any:
+    """:func:`read_dist_metadata` with torch's own classes, for a pickle naming classes the stand-ins lack."""
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    metadata = _TorchMetadataUnpickler(io.BytesIO(data)).load()
+    if not isinstance(metadata, Metadata) or not isinstance(metadata.state_dict_metadata, dict) \
+            or not isinstance(metadata.storage_data, dict):
+        raise CorruptCheckpoint(f"{path} holds a {type(metadata).__name__}, not torch.distributed.checkpoint Metadata "
+                                "with storage_data")
     return metadata
 
 

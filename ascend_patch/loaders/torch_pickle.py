@@ -87,6 +87,9 @@ DCP_FIELDS: dict[str, tuple[str, ...]] = {
     "_StorageInfo": ("relative_path", "offset", "length", "transform_descriptors"),
 }
 _DCP_PREFIX = "torch.distributed.checkpoint."
+# the other classes of torch.distributed.checkpoint a .metadata names (the planner's, when torch saves its plans);
+# any other name is read by torch itself, which knows whether it exists
+_DCP_OTHER = {"_MEM_FORMAT_ENCODING", "SavePlan", "WriteItem", "WriteItemType", "TensorWriteData"}
 
 
 class DcpRecord:
@@ -177,6 +180,8 @@ class _MetadataUnpickler(pickle.Unpickler):
 
     def find_class(self, module: str, name: str) -> Any:
         if module.startswith(_DCP_PREFIX):
+            if name not in DCP_FIELDS and name not in _DCP_OTHER:
+                raise NeedsTorch(f"{module}.{name}")
             return _record(module, name)
         if module == "torch.serialization" and name == "_get_layout":
             return _get_layout
@@ -192,7 +197,8 @@ class _MetadataUnpickler(pickle.Unpickler):
 
 def load_metadata(data: bytes) -> Any:
     """The ``.metadata`` pickle ``data`` with :class:`DcpRecord` stand-ins (raises :class:`RefusedGlobal` for a
-    global outside torch.distributed.checkpoint, torch.Size, dtypes and paths)."""
+    global outside torch.distributed.checkpoint, torch.Size, dtypes and paths, :class:`NeedsTorch` for a class
+    of torch.distributed.checkpoint it does not know)."""
     return _MetadataUnpickler(io.BytesIO(data)).load()
 
 

@@ -223,3 +223,43 @@ def test_every_torch_dtype_reads_as_its_name():
     names = sorted(n for n in dir(torch) if isinstance(getattr(torch, n), torch.dtype))
     got = load_metadata(pickle.dumps([getattr(torch, n) for n in names], protocol=2))
     assert [str(g) for g in got] == [str(getattr(torch, n)) for n in names]
+
+
+def test_damaged_torch_dist_files_are_refused_naming_the_damage(ours, tmp_path):
+    """Seeded byte flips and truncations of .metadata, common.pt and the .distcp files: every conversion either
+    succeeds (a flipped tensor byte is data) or raises the converter's own error, never a bare exception (a
+    misspelt class name in .metadata once read as a fieldless stand-in and failed with an AttributeError)."""
+    import random
+    import shutil
+
+    from ascend_patch.errors import AscendPatchError
+
+    rng = random.Random(7)
+    names = sorted(n for n in os.listdir(ours) if n != "metadata.json")
+    outcomes = []
+    for case in range(30):
+        work = tmp_path / f"w{case}"
+        shutil.copytree(ours.parent, work)
+        path = work / ours.name / names[case % len(names)]
+        data = bytearray(path.read_bytes())
+        if case % 3 == 2:
+            data = data[:rng.randrange(len(data))]
+        else:
+            for _ in range(rng.randint(1, 4)):
+                i = rng.randrange(len(data)) if case % 3 == 0 else len(data) - rng.randint(1, min(len(data), 2000))
+                data[i] ^= 1 << rng.randrange(8)
+        path.write_bytes(bytes(data))
+        try:
+            convert(str(work), str(tmp_path / f"out{case}"), "mg", "hf")
+            outcomes.append("ok")
+        except AscendPatchError as exc:
+            outcomes.append(type(exc).__name__)
+        shutil.rmtree(work)
+    assert set(outcomes) <= {"ok", "CorruptCheckpoint", "UnsafeCheckpoint", "PreflightError"}, outcomes
+    assert outcomes.count("ok") < len(outcomes) and "CorruptCheckpoint" in outcomes
+    work = tmp_path / "misspelt"
+    shutil.copytree(ours.parent, work)
+    meta = work / ours.name / ".metadata"
+    meta.write_bytes(meta.read_bytes().replace(b"_StorageInfo", b"_StoraweInfo"))  # torch has no such class
+    with pytest.raises(CorruptCheckpoint, match=r"\.metadata cannot be read .*_StoraweInfo"):
+        convert(str(work), str(tmp_path / "out"), "mg", "hf")
