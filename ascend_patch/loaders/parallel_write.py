@@ -86,6 +86,7 @@ class _Run:
         for g, _, _ in spans:
             self._left[g] += 1
         self._writers: dict[int, list[Any]] = {}
+        self._opening: dict[int, threading.Lock] = {}
         self.fine = True  # per-tensor and per-piece events (see write_groups)
 
     def next_unit(self) -> tuple[int, int, int] | None:
@@ -93,18 +94,27 @@ class _Run:
             return None if self.stop.is_set() else next(self._spans, None)
 
     def writers(self, g: int, filler: BlockFiller) -> list[Any]:
+        # Opening lays each file out (a torch file: pickling its skeleton, ~10 ms per MoE rank file), so it
+        # happens under the group's own lock: a worker taking or finishing a unit of another group is not held up.
         with self.lock:
-            if g not in self._writers:
-                opened: list[Any] = []
-                try:
-                    for target in self.groups[g]:
-                        opened.append(self.open_writer(target, filler))
-                except BaseException:
-                    for w in opened:
-                        w.abort()
-                    raise
+            if g in self._writers:
+                return self._writers[g]
+            opening = self._opening.setdefault(g, threading.Lock())
+        with opening:
+            with self.lock:
+                if g in self._writers:
+                    return self._writers[g]
+            opened: list[Any] = []
+            try:
+                for target in self.groups[g]:
+                    opened.append(self.open_writer(target, filler))
+            except BaseException:
+                for w in opened:
+                    w.abort()
+                raise
+            with self.lock:
                 self._writers[g] = opened
-            return self._writers[g]
+            return opened
 
     def unit_done(self, g: int) -> None:
         with self.lock:
