@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..dtypes import DTYPES
+from ..errors import AscendPatchError
 from .torch_zip import TorchGlobal
 
 __all__ = [
@@ -48,11 +49,14 @@ __all__ = [
 ]
 
 
-class NeedsTorch(Exception):
-    """The pickle names something the torch-free readers do not model; read it with torch instead."""
+class NeedsTorch(AscendPatchError):
+    """The pickle names something the torch-free readers do not model; read it with torch instead.
+
+    Internal: the readers' callers catch it and fall back to torch's loader.
+    """
 
 
-class RefusedGlobal(pickle.UnpicklingError):
+class RefusedGlobal(AscendPatchError, pickle.UnpicklingError):
     """A ``.metadata`` pickle names a global no checkpoint metadata holds (``module.name``); nothing was run."""
 
     def __init__(self, path: str) -> None:
