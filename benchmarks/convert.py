@@ -13,10 +13,16 @@ throughput >= 0.8x its copy's (best of runs), peak RSS <= 10% of the model and n
 the dense model's.
 
     PYTHONPATH=. python benchmarks/convert.py [--repeats 7] [--keep] [--models dense,moe] [--also=--no-zip-crc ...]
+                                              [--case torch_dist->hf,moe] [--baseline /path/to/other/checkout]
 
 ``--also=FLAG`` adds, for each model, a TP1/PP1 row converted with that flag, measured in the
 same alternating runs, so a setting's cost is a ratio within one run (the CRC-32 fields cost
 ~1.7x in the streaming phase: compare the default row with ``--also=--no-zip-crc``).
+
+``--case A,B`` keeps only the conversions whose name contains one of the substrings (the copy of
+each model they convert is always kept). ``--baseline DIR`` adds, for every conversion, a row
+``NAME [baseline]`` run with ``DIR`` (another checkout of ascend_patch, e.g. ``git archive main``
+unpacked) first on PYTHONPATH, in the same alternating runs: before / after side by side.
 
 Everything lives in a temporary directory under /tmp, deleted at the end.
 """
@@ -130,11 +136,12 @@ def _du(path: str) -> int:
     return sum(os.path.getsize(os.path.join(d, n)) for d, _, files in os.walk(path) for n in files)
 
 
-def timed(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, int, str]:
-    """(wall seconds, peak RSS bytes of the child from wait4, its stdout) for one command."""
+def timed(cmd: list[str], env: dict[str, str] | None = None,
+          cwd: str | None = None) -> tuple[float, int, str, float]:
+    """(wall seconds, peak RSS bytes of the child from wait4, its stdout, its CPU seconds: user + system)."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         start = time.perf_counter()
-        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=err)
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=err, cwd=cwd)
         _, status, usage = os.wait4(proc.pid, 0)
         seconds = time.perf_counter() - start
         proc.returncode = os.waitstatus_to_exitcode(status)
@@ -142,7 +149,7 @@ def timed(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, int
         err.seek(0)
         if proc.returncode != 0:
             raise SystemExit(f"{' '.join(cmd)} failed: {err.read().decode()[-2000:]}")
-        return seconds, usage.ru_maxrss * 1024, out.read().decode()
+        return seconds, usage.ru_maxrss * 1024, out.read().decode(), usage.ru_utime + usage.ru_stime
 
 
 def _write_phase(stdout: str) -> float | None:
@@ -159,6 +166,10 @@ def main() -> int:
     parser.add_argument("--also", action="append", default=[], metavar="FLAG",
                         help="add a TP1/PP1 row per model converted with this extra flag (repeatable), "
                              "e.g. --also=--no-zip-crc")
+    parser.add_argument("--case", default="", help="only the conversions whose name contains one of these "
+                                                      "comma-separated substrings (e.g. 'torch_dist->hf,moe')")
+    parser.add_argument("--baseline", metavar="DIR", help="another ascend_patch checkout: each conversion also runs "
+                                                         "with it first on PYTHONPATH, as a row 'NAME [baseline]'")
     parser.add_argument("--generate-into", help=argparse.SUPPRESS)
     parser.add_argument("--generate-model", default="dense", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -194,9 +205,9 @@ def main() -> int:
             total = int(gen.stdout.strip().splitlines()[-1])
             print(f"generated the {model} model: {len(_tensors(MODELS[model]))} tensors, {total / 1e9:.3f} GB bf16 "
                   f"({total / 2 / 1e9:.3f} B parameters) in {time.perf_counter() - t0:.1f} s")
-        floor_s, floor_rss, _ = timed([sys.executable, "-c", "import ascend_patch.cli, ascend_patch.loaders.engine, "
+        floor_s, floor_rss, *_ = timed([sys.executable, "-c", "import ascend_patch.cli, ascend_patch.loaders.engine, "
                                     "ascend_patch.loaders.hf, ascend_patch.loaders.megatron, safetensors, tqdm"], env)
-        torch_s, torch_rss, _ = timed([sys.executable, "-c", "import torch"], env)
+        torch_s, torch_rss, *_ = timed([sys.executable, "-c", "import torch"], env)
         plan: dict[str, tuple[str, list[str]]] = {}  # run -> (model, command without --save-dir)
         for model in models:
             plan[f"cp -r {model}"] = (model, ["cp", "-r", sources[model]])
@@ -222,43 +233,64 @@ def main() -> int:
                 plan["torch_dist->hf"] = (model, [
                     sys.executable, "-m", "ascend_patch.cli", "convert", "--load-model-type", "mg", "--save-model-type",
                     "hf", "--load-dir", dist, "--no-progress", "--save-dir"])
-        runs: dict[str, list[tuple[float, int, int, float | None]]] = {name: [] for name in plan}
+        cases = [c.strip() for c in args.case.split(",") if c.strip()]
+        if cases:
+            kept = {n: v for n, v in plan.items() if not n.startswith("cp -r") and any(c in n for c in cases)}
+            if not kept:
+                parser.error(f"--case {args.case!r} matches none of: "
+                             f"{', '.join(n for n in plan if not n.startswith('cp -r'))}")
+            plan = {n: v for n, v in plan.items() if n in kept or (n.startswith("cp -r") and any(
+                m == v[0] for m, _ in kept.values()))}
+        envs = {name: env for name in plan}
+        cwds: dict[str, str | None] = {name: None for name in plan}
+        if args.baseline:
+            base_env = dict(env, PYTHONPATH=os.path.abspath(args.baseline) + os.pathsep + env.get("PYTHONPATH", ""))
+            for name in [n for n in plan if not n.startswith("cp -r")]:
+                plan[f"{name} [baseline]"] = plan[name]
+                envs[f"{name} [baseline]"] = base_env
+                cwds[f"{name} [baseline]"] = os.path.abspath(args.baseline)  # `python -m` puts the cwd first
+            plan = dict(sorted(plan.items(), key=lambda kv: (kv[1][0], kv[0].replace(" [baseline]", ""),
+                                                             not kv[0].endswith("[baseline]"))))
+        runs: dict[str, list[tuple[float, int, int, float | None, float]]] = {name: [] for name in plan}
         for _ in range(args.repeats):
             for name, (model, cmd) in plan.items():
                 dst = os.path.join(root, "out")
                 os.sync()  # every run starts with no dirty pages left by the previous one (writeback would throttle it)
-                seconds, rss, stdout = timed([*cmd, dst], env)
+                seconds, rss, stdout, cpu = timed([*cmd, dst], envs[name], cwds[name])
                 written = _du(dst)
                 shutil.rmtree(dst)
-                runs[name].append((seconds, rss, written, _write_phase(stdout)))
+                runs[name].append((seconds, rss, written, _write_phase(stdout), cpu))
         print(f"\ninterpreter floor (python + the converter's imports, no torch): peak RSS {floor_rss / 1e6:.0f} MB, "
               f"{floor_s:.2f} s; for scale, `import torch` alone: {torch_rss / 1e6:.0f} MB, {torch_s:.2f} s")
         w = max(len(n) for n in plan)
         print(f"{'run':<{w}} {'written GB':>10} {'best s':>7} {'x cp':>5} {'median s':>9} {'x cp':>5} "
-              f"{'stream s':>9} {'x cp':>5} {'peak RSS MB':>12} {'RSS/model':>10}")
+              f"{'stream s':>9} {'x cp':>5} {'peak RSS MB':>12} {'RSS/model':>10} {'CPU s':>6}")
         cp: dict[str, tuple[float, float]] = {}
         peak: dict[str, int] = {}
         for name, samples in runs.items():
             model = plan[name][0]
-            times = [s for s, _, _, _ in samples]
+            times = [s for s, *_ in samples]
             best, median = min(times), statistics.median(times)
-            rss = max(r for _, r, _, _ in samples)
+            rss = max(r for _, r, *_ in samples)
+            cpu = statistics.median(c for *_, c in samples)
             written = samples[0][2]
-            phases = [p for *_, p in samples if p is not None]
+            phases = [p for *_, p, _ in samples if p is not None]
             stream = min(phases) if phases else best
             if name.startswith("cp -r"):
                 cp[model] = (written / best, written / median)
-            elif "torch_dist" not in name:  # the hf -> legacy conversions are what MoE and dense compare on
+            elif "torch_dist" not in name and not name.endswith("[baseline]"):  # hf -> legacy: what MoE and dense compare on
                 peak[model] = max(peak.get(model, 0), rss)
             cp_best, cp_median = cp[model]
             print(f"{name:<{w}} {written / 1e9:>10.3f} {best:>7.2f} {written / best / cp_best:>5.2f} {median:>9.2f} "
                   f"{written / median / cp_median:>5.2f} {stream:>9.2f} {written / stream / cp_best:>5.2f} "
-                  f"{rss / 1e6:>12.0f} {rss / sizes[model]:>9.1%}")
+                  f"{rss / 1e6:>12.0f} {rss / sizes[model]:>9.1%} {cpu:>6.2f}")
         print("\n'x cp' is throughput (bytes written per second) over the copy's of the same model. 'best' and "
               f"'median' are over the {args.repeats} alternating runs of each (a shared virtual machine only ever slows "
               "a run down, so the best is the least disturbed); end to end includes interpreter start, imports, plugin "
-              "discovery and preflight. 'stream s' is the converter's own figure for its streaming phase (best run).")
-        for model in models:
+              "discovery and preflight. 'stream s' is the converter's own figure for its streaming phase (best run). "
+              "'CPU s' is the child's user + system time (median): what a run costs the machine, which other "
+              "work on a shared one moves far less than wall time.")
+        for model in [m for m in models if m in peak]:
             print(f"{model} model size {sizes[model] / 1e9:.3f} GB; peak RSS of its conversions "
                   f"{peak.get(model, 0) / 1e6:.0f} MB (hf -> mg legacy)")
         print(f"goals: dense >= 0.50x cp throughput and peak RSS <= 25% of its size; MoE >= 0.80x cp (best of runs), "

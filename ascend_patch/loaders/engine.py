@@ -36,7 +36,7 @@ from .blocks import BlockFiller, raw_dtype, row_blocks
 from .formats import ConvertOptions, SourceCheckpoint, TargetFile, TargetPlan, get_format_registry
 from .parallel_write import default_workers, write_groups
 from .preflight import PreflightError, check_disk_space, check_dtype, check_output_dir
-from .torch_zip import PAGE
+from .torch_zip import PAGE, CrcCache
 
 __all__ = ["convert", "prepare", "ConversionResult", "Interrupted", "BLOCK_BYTES", "Progress"]
 
@@ -175,11 +175,12 @@ def _write_all(source: SourceCheckpoint, plan: TargetPlan, staging: str, options
     if on_progress:
         on_progress("start", {"total": total})
     written = 0
+    crc_cache = CrcCache()  # one conversion's: replicated tensors' source ranges are read once for their CRC
 
     def open_writer(target: TargetFile, filler: BlockFiller) -> Any:
         path = os.path.join(staging, target.relpath)
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        return _open_writer(target, path, options, _page_offsets(filler, target))
+        return _open_writer(target, path, options, _page_offsets(filler, target), crc_cache)
 
     def on_event(event: tuple[Any, ...]) -> None:
         nonlocal written
@@ -191,12 +192,15 @@ def _write_all(source: SourceCheckpoint, plan: TargetPlan, staging: str, options
             written += event[3]
             if on_progress:
                 on_progress("tensor", {"file": event[1], "key": event[2], "written": written})
+        elif kind == "written":
+            written += event[1]
         elif kind == "file" and on_progress:
             on_progress("file", {"file": event[1], "written": written})
 
     try:
         write_groups(_lockstep_groups(plan.files), source.tensors, options.workers or default_workers(),
-                     open_writer, _write_tensor, BLOCK_BYTES, on_event)
+                     open_writer, _write_tensor, BLOCK_BYTES, on_event,
+                     fine_events=bar is not None or on_progress is not None)
     finally:
         if bar is not None:
             bar.close()
@@ -278,7 +282,8 @@ def _page_offsets(filler: BlockFiller, target: TargetFile) -> dict[str, int]:
     return out
 
 
-def _open_writer(target: TargetFile, path: str, options: ConvertOptions, page_offsets: dict[str, int]) -> Any:
+def _open_writer(target: TargetFile, path: str, options: ConvertOptions, page_offsets: dict[str, int],
+                 crc_cache: CrcCache | None = None) -> Any:
     if target.format == "safetensors":
         from .safetensors_io import SafetensorsWriter
 
@@ -286,7 +291,8 @@ def _open_writer(target: TargetFile, path: str, options: ConvertOptions, page_of
     if target.format == "torch":
         from .torch_zip import TorchZipWriter
 
-        return TorchZipWriter(path, target.skeleton, crc=bool(options.extra.get("zip_crc", True)), page_offsets=page_offsets)
+        return TorchZipWriter(path, target.skeleton, crc=bool(options.extra.get("zip_crc", True)), page_offsets=page_offsets,
+                              crc_cache=crc_cache)
     if target.format == "distcp":
         from .torch_dist_io import DistcpWriter
 

@@ -86,24 +86,35 @@ class _Run:
         for g, _, _ in spans:
             self._left[g] += 1
         self._writers: dict[int, list[Any]] = {}
+        self._opening: dict[int, threading.Lock] = {}
+        self.fine = True  # per-tensor and per-piece events (see write_groups)
 
     def next_unit(self) -> tuple[int, int, int] | None:
         with self.lock:
             return None if self.stop.is_set() else next(self._spans, None)
 
     def writers(self, g: int, filler: BlockFiller) -> list[Any]:
+        # Opening lays each file out (a torch file: pickling its skeleton, ~10 ms per MoE rank file), so it
+        # happens under the group's own lock: a worker taking or finishing a unit of another group is not held up.
         with self.lock:
-            if g not in self._writers:
-                opened: list[Any] = []
-                try:
-                    for target in self.groups[g]:
-                        opened.append(self.open_writer(target, filler))
-                except BaseException:
-                    for w in opened:
-                        w.abort()
-                    raise
+            if g in self._writers:
+                return self._writers[g]
+            opening = self._opening.setdefault(g, threading.Lock())
+        with opening:
+            with self.lock:
+                if g in self._writers:
+                    return self._writers[g]
+            opened: list[Any] = []
+            try:
+                for target in self.groups[g]:
+                    opened.append(self.open_writer(target, filler))
+            except BaseException:
+                for w in opened:
+                    w.abort()
+                raise
+            with self.lock:
                 self._writers[g] = opened
-            return self._writers[g]
+            return opened
 
     def unit_done(self, g: int) -> None:
         with self.lock:
@@ -127,14 +138,17 @@ class _Run:
 def write_groups(groups: list[list[TargetFile]], tensors: Any, workers: int,
                  open_writer: Callable[[TargetFile, BlockFiller], Any],
                  write_tensor: Callable[[BlockFiller, Any, TensorPlan, str, np.ndarray, Callable[[int], None]], int],
-                 block_bytes: int, on_event: Callable[[tuple[Any, ...]], None]) -> None:
+                 block_bytes: int, on_event: Callable[[tuple[Any, ...]], None], fine_events: bool = True) -> None:
     """Write every file of ``groups`` with ``workers`` threads; ``on_event`` runs in this thread.
 
     Events: ``("bytes", n)`` as data moves, ``("tensor", relpath, key, nbytes)`` after each
-    tensor, ``("file", relpath)`` after each file is closed.
+    tensor, ``("file", relpath)`` after each file is closed. With ``fine_events=False``
+    (nobody watches progress) the first two become one ``("written", nbytes)`` per unit:
+    each event wakes this thread, and an MoE checkpoint has thousands of tensors.
     """
     spans = units(groups)
     run = _Run(groups, spans, open_writer)
+    run.fine = fine_events
     threads = [threading.Thread(target=_worker, args=(run, tensors, write_tensor, block_bytes),
                                 name=f"ascend_patch-convert-{k}", daemon=True)
                for k in range(max(1, min(workers, len(spans))))]
@@ -188,20 +202,26 @@ def _worker(run: _Run, tensors: Any, write_tensor: Callable[..., int], block_byt
     def moved(n: int) -> None:
         if run.stop.is_set():
             raise _Stop
-        run.events.put(("bytes", n))
+        if run.fine:
+            run.events.put(("bytes", n))
 
     try:
         while (unit := run.next_unit()) is not None:
             g, lo, hi = unit
             group = run.groups[g]
             writers = run.writers(g, filler)
+            written = 0
             for i in range(lo, hi):
                 for target, writer in zip(group, writers):
                     if run.stop.is_set():
                         return
                     tensor = target.tensors[i]
                     n = write_tensor(filler, writer, tensor, target.dtype, buffer, moved)
-                    run.events.put(("tensor", target.relpath, tensor.key, n))
+                    if run.fine:
+                        run.events.put(("tensor", target.relpath, tensor.key, n))
+                    written += n
+            if not run.fine:
+                run.events.put(("written", written))
             run.unit_done(g)
     except _Stop:
         return

@@ -188,8 +188,7 @@ class TorchDistLoader(CheckpointLoader):
         return is_distributed(root)
 
     def open(self, path: str, options: ConvertOptions) -> SourceCheckpoint:
-        from .torch_dist_io import chunk_record, read_dist_metadata
-        from .torch_io import safe_load
+        from .torch_dist_io import chunk_record, read_common, read_dist_metadata
 
         root, iteration = locate_dist(path)
         for name in (DIST_METADATA, DIST_COMMON):
@@ -197,7 +196,7 @@ class TorchDistLoader(CheckpointLoader):
                 raise CorruptCheckpoint(f"{root} lacks {name}: an interrupted save, or not a torch_dist checkpoint "
                                         f"(found: {', '.join(sorted(os.listdir(root))[:10]) or 'nothing'})")
         metadata = read_dist_metadata(os.path.join(root, DIST_METADATA))
-        common = safe_load(os.path.join(root, DIST_COMMON))
+        common = read_common(os.path.join(root, DIST_COMMON))
         if not isinstance(common, dict) or common.get("args") is None:
             raise CorruptCheckpoint(f"{root}/{DIST_COMMON} has no 'args'; cannot tell the model's sizes")
         args = common["args"]

@@ -255,3 +255,37 @@ def test_record_crcs_from_pieces_in_any_order_with_copies_gaps_and_overlaps(tmp_
         assert zf.read(data["1"]) == source[:100] + bytes(156)
         assert zf.read(data["2"]) == source[:128] + source[2000:2128]
         assert all(i.CRC == zlib.crc32(zf.read(i)) for i in data.values())
+
+
+def test_a_crc_cache_reads_a_replicated_range_once_and_never_confuses_ranges(tmp_path, monkeypatch):
+    """A tensor copied into several rank files (EP replicas, a tied embedding's last-stage copy) is read once for
+    its CRC; another offset, size or file of the same shape is not taken for it."""
+    import zlib
+
+    reads = []
+    real = torch_zip._crc_of
+    monkeypatch.setattr(torch_zip, "_crc_of", lambda fd, off, n: reads.append((off, n)) or real(fd, off, n))
+    one, two = tmp_path / "one.bin", tmp_path / "two.bin"
+    one.write_bytes(os.urandom(2048))
+    two.write_bytes(os.urandom(2048))
+    cache = torch_zip.CrcCache()
+    paths = [str(tmp_path / f"rank{r}.pt") for r in range(3)]
+    skeleton = {"model": {"w": Slot("w", (128,), "float32"), "x": Slot("x", (128,), "float32")}}
+    fds = [os.open(p, os.O_RDONLY) for p in (one, two)]
+    try:
+        for r, path in enumerate(paths):
+            writer = TorchZipWriter(path, skeleton, crc_cache=cache)
+            writer.copy("w", 0, fds[0], 0, 512)  # the same range for every rank
+            writer.copy("x", 0, fds[r % 2], 512 * (r // 2), 512)  # a different file or offset per rank
+            writer.close()
+    finally:
+        for fd in fds:
+            os.close(fd)
+    # read: one.bin [0, 512) (w, and rank 0's x), two.bin [0, 512), one.bin [512, 1024); the other four are hits
+    assert cache.hits == 3 and sorted(reads) == [(0, 512), (0, 512), (512, 512)]
+    for r, path in enumerate(paths):
+        with zipfile.ZipFile(path) as zf:
+            assert zf.testzip() is None
+            data = {i.filename.rsplit("/", 1)[-1]: i for i in zf.infolist() if "/data/" in i.filename}
+            assert data["0"].CRC == zlib.crc32(one.read_bytes()[:512])
+            assert data["1"].CRC == zlib.crc32((one, two)[r % 2].read_bytes()[512 * (r // 2):512 * (r // 2) + 512])
