@@ -6,7 +6,7 @@ one (16 layers, hidden 512, 64 experts of width 256 per layer, untied: ~0.57 B p
 ~1.15 GB) are generated as random tensors written straight into safetensors shards (no
 transformers model is built). Then, alternating and repeated: ``cp -r`` of each checkpoint,
 and ``ascend-patch convert`` hf -> mg (dense: TP1/PP1 and TP2/PP2; MoE: TP1/PP1/EP1 and
-TP2/PP2/EP4; dense also hf -> torch_dist and torch_dist -> hf, Megatron-LM's
+TP2/PP2/EP4; both also hf -> torch_dist and torch_dist -> hf, Megatron-LM's
 default format, written and read without a model) in a child process whose peak RSS is taken from wait4().
 Goals: dense throughput >= 0.5x the copy's and peak RSS <= 25% of the model's size; MoE
 throughput >= 0.8x its copy's (best of runs), peak RSS <= 10% of the model and no larger than
@@ -183,8 +183,8 @@ def main() -> int:
         parser.error(f"--models takes {', '.join(MODELS)}; got {args.models!r}")
     sizes = {m: _model_bytes(MODELS[m]) for m in models}
     free = shutil.disk_usage("/tmp").free
-    # the sources, the dense torch_dist source, one output and the copy's page-cache slack
-    needed = int(sum(sizes.values()) + sizes.get("dense", 0) + 2.5 * max(sizes.values()))
+    # the sources, their torch_dist copies, one output and the copy's page-cache slack
+    needed = int(2 * sum(sizes.values()) + 2.5 * max(sizes.values()))
     if free < needed:
         print(f"need {needed / 1e9:.1f} GB free in /tmp, have {free / 1e9:.1f} GB", file=sys.stderr)
         return 1
@@ -222,17 +222,18 @@ def main() -> int:
                     if (tp, pp, ep) == (1, 1, 1):  # --also=FLAG: the same conversion with a flag, side by side
                         for flag in args.also:
                             plan[f"{name} {flag}"] = (model, [*plan[name][1][:-1], flag, "--save-dir"])
-            if model == "dense":  # Megatron-LM's default format; its source is this converter's own output
-                dist = os.path.join(root, "dist-dense")
-                timed([sys.executable, "-m", "ascend_patch.cli", "convert", "--load-model-type", "hf",
-                       "--save-model-type", "mg", "--ckpt-format", "torch_dist", "--load-dir", sources[model],
-                       "--save-dir", dist, "--no-progress"], env)
-                plan["hf->torch_dist"] = (model, [
-                    sys.executable, "-m", "ascend_patch.cli", "convert", "--load-model-type", "hf", "--save-model-type",
-                    "mg", "--ckpt-format", "torch_dist", "--load-dir", sources[model], "--no-progress", "--save-dir"])
-                plan["torch_dist->hf"] = (model, [
-                    sys.executable, "-m", "ascend_patch.cli", "convert", "--load-model-type", "mg", "--save-model-type",
-                    "hf", "--load-dir", dist, "--no-progress", "--save-dir"])
+            # Megatron-LM's default format (experts on their own axis for MoE); its source is this converter's output
+            dist = os.path.join(root, f"dist-{model}")
+            label = "" if model == "dense" else f"{model} "
+            timed([sys.executable, "-m", "ascend_patch.cli", "convert", "--load-model-type", "hf",
+                   "--save-model-type", "mg", "--ckpt-format", "torch_dist", "--load-dir", sources[model],
+                   "--save-dir", dist, "--no-progress"], env)
+            plan[f"{label}hf->torch_dist"] = (model, [
+                sys.executable, "-m", "ascend_patch.cli", "convert", "--load-model-type", "hf", "--save-model-type",
+                "mg", "--ckpt-format", "torch_dist", "--load-dir", sources[model], "--no-progress", "--save-dir"])
+            plan[f"{label}torch_dist->hf"] = (model, [
+                sys.executable, "-m", "ascend_patch.cli", "convert", "--load-model-type", "mg", "--save-model-type",
+                "hf", "--load-dir", dist, "--no-progress", "--save-dir"])
         cases = [c.strip() for c in args.case.split(",") if c.strip()]
         if cases:
             kept = {n: v for n, v in plan.items() if not n.startswith("cp -r") and any(c in n for c in cases)}
