@@ -66,7 +66,9 @@ def add_convert_arguments(p: argparse.ArgumentParser) -> None:
     par.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
     par.add_argument("--saver-transformer-impl", "--transformer-impl", dest="transformer_impl", default="local",
                      choices=("local", "transformer_engine", "te"),
-                     help="key naming of the mg output: local spec (default; no TE on Ascend/cpu) or TE spec")
+                     help="key naming of the mg output: megatron-core's local spec (default) or the TE spec that "
+                     "Megatron-LM's default --transformer-impl transformer_engine builds (also without Transformer Engine "
+                     "installed: ascend_patch's TE-compatible layer serves it)")
     par.add_argument("--loader-transformer-impl", default=None, choices=("local", "transformer_engine", "te"),
                      help="accepted for compatibility; the mg loader reads either naming from the keys")
     par.add_argument("--iteration", type=int, default=None, help="iteration number of the mg output (default 1, or "

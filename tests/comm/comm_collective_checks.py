@@ -1,4 +1,4 @@
-"""The collective checks each rank runs (see comm_workers.run_all), and the gloo gaps (GAPS).
+"""The collective checks each rank runs (see comm_workers.run_suites), and the gloo gaps (GAPS).
 
 References are single-process computations over every rank's input (each rank can
 build them all, see ``data``). Reduced-precision sums are checked against the float64

@@ -1,6 +1,6 @@
 """Collectives in every dtype and reduce op docs/parallelism.md §4 names, against one-process references.
 
-Run by ``comm_workers.run_module_checks`` at world sizes 2 and 4 (gloo, patched cpu
+Run by ``comm_workers.run_suites`` at world sizes 2 and 4 (gloo, patched cpu
 target): fp64, int8/32/64, uint8, bool, complex64 — and bf16/fp16/fp32 for the ops the
 fp tests elsewhere do not cover — through ``all_reduce`` and ``reduce`` with
 SUM/MIN/MAX/PRODUCT (and AVG for floating dtypes), sync and async, inside

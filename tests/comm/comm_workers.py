@@ -66,15 +66,27 @@ def same_everywhere(tensor: torch.Tensor, group=None) -> None:
         assert torch.equal(other, everyone[0]), "ranks disagree"
 
 
-def run_all(rank: int, world: int, port: int) -> None:
-    """Every collective form Megatron-style training uses, patched, asserting values."""
+# suite name -> the module whose CHECKS (functions of rank and world) it runs
+SUITES = {"collectives": "comm_collective_checks", "dtypes": "comm_dtype_checks"}
+
+
+def run_suites(rank: int, world: int, port: int, names: list[str], results_dir: str) -> None:
+    """The named suites one after another in one patched process group (one spawn pays the imports once).
+
+    A suite is SUITES' module's CHECKS or ``mesh_and_fsdp``; rank 0 marks each suite that passed on every
+    rank with an empty file ``results_dir/NAME``. A failing check raises, which ends the spawn there.
+    """
+    import importlib
+
     start(rank, world, port)
     try:
-        from comm_collective_checks import CHECKS
-
-        for check in CHECKS:
-            check(rank, world)
-            dist.barrier()
+        for name in names:
+            checks = [mesh_and_fsdp] if name == "mesh_and_fsdp" else importlib.import_module(SUITES[name]).CHECKS
+            for check in checks:
+                check(rank, world)
+                dist.barrier()
+            if rank == 0:
+                open(os.path.join(results_dir, name), "w").close()
     finally:
         finish()
 
@@ -100,54 +112,37 @@ def gaps_unpatched(rank: int, world: int, port: int) -> None:
         dist.destroy_process_group()
 
 
-def run_module_checks(rank: int, world: int, port: int, module: str) -> None:
-    """Every check in ``module``'s CHECKS (e.g. comm_dtype_checks), patched, asserting values."""
-    import importlib
-
-    start(rank, world, port)
-    try:
-        for check in importlib.import_module(module).CHECKS:
-            check(rank, world)
-            dist.barrier()
-    finally:
-        finish()
-
-
 def spawn(fn: Callable[..., None], world: int, *extra: object) -> None:
     import torch.multiprocessing as mp
 
     mp.spawn(fn, args=(world, free_port(), *extra), nprocs=world, join=True)
 
 
-def mesh_and_fsdp(rank: int, world: int, port: int) -> None:
+def mesh_and_fsdp(rank: int, world: int) -> None:
     """init_device_mesh('cuda') -> a mesh of the target; DTensor and FSDP2 over it match one process."""
-    start(rank, world, port)
-    try:
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
-        from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
-        mesh = init_device_mesh("cuda", (world,), mesh_dim_names=("dp",))
-        assert mesh.device_type == "cpu"
-        assert dist.get_backend(mesh.get_group("dp")) == "nccl"  # program code asked for nccl
-        full = data(0, (4 * world, 3), torch.float32, 200)
-        sharded = distribute_tensor(full, mesh, [Shard(0)])
-        assert torch.equal(sharded.to_local(), full.chunk(world)[rank])
-        assert torch.equal(sharded.redistribute(mesh, [Replicate()]).to_local(), full)
+    mesh = init_device_mesh("cuda", (world,), mesh_dim_names=("dp",))
+    assert mesh.device_type == "cpu"
+    assert dist.get_backend(mesh.get_group("dp")) == "nccl"  # program code asked for nccl
+    full = data(0, (4 * world, 3), torch.float32, 200)
+    sharded = distribute_tensor(full, mesh, [Shard(0)])
+    assert torch.equal(sharded.to_local(), full.chunk(world)[rank])
+    assert torch.equal(sharded.redistribute(mesh, [Replicate()]).to_local(), full)
 
-        torch.manual_seed(0)
-        model = torch.nn.Linear(3, 2, device="cuda")
-        reference = torch.nn.Linear(3, 2)
-        reference.load_state_dict({k: v.detach().clone() for k, v in model.state_dict().items()})
-        fully_shard(model, mesh=mesh)
-        inputs = [data(r, (5, 3), torch.float32, 201) for r in range(world)]
-        model(inputs[rank]).pow(2).sum().backward()
-        # one process: FSDP averages the ranks' gradients
-        grads = []
-        for x in inputs:
-            reference.zero_grad()
-            reference(x).pow(2).sum().backward()
-            grads.append(reference.weight.grad.clone())
-        torch.testing.assert_close(model.weight.grad.full_tensor(), sum(grads) / world, rtol=1e-5, atol=1e-6)
-    finally:
-        finish()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2, device="cuda")
+    reference = torch.nn.Linear(3, 2)
+    reference.load_state_dict({k: v.detach().clone() for k, v in model.state_dict().items()})
+    fully_shard(model, mesh=mesh)
+    inputs = [data(r, (5, 3), torch.float32, 201) for r in range(world)]
+    model(inputs[rank]).pow(2).sum().backward()
+    # one process: FSDP averages the ranks' gradients
+    grads = []
+    for x in inputs:
+        reference.zero_grad()
+        reference(x).pow(2).sum().backward()
+        grads.append(reference.weight.grad.clone())
+    torch.testing.assert_close(model.weight.grad.full_tensor(), sum(grads) / world, rtol=1e-5, atol=1e-6)

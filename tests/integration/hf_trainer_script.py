@@ -6,6 +6,7 @@ with the command line's TrainingArguments (``--bf16``, batch size, ...). Prints 
 """
 import json
 import os
+import sys
 
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, HfArgumentParser, Trainer, TrainerCallback, TrainingArguments
@@ -34,11 +35,15 @@ def main():
     trainer = Trainer(model=model, args=args, train_dataset=dataset, callbacks=[losses])
     trainer.train()
     state = trainer.accelerator.state
-    print("RESULT " + json.dumps({
+    line = "RESULT " + json.dumps({
         "losses": losses.losses, "n_gpu": args.n_gpu, "world": args.world_size,
         "distributed": state.distributed_type.value, "device": str(args.device),
         "mixed_precision": str(state.mixed_precision), "dtypes": sorted(dtypes),
-        "rank": int(os.environ.get("RANK", "0"))}), flush=True)
+        "rank": int(os.environ.get("RANK", "0"))}) + "\n"
+    # Both ranks share torchrun's stdout pipe: a buffered print can reach it in pieces, and the other
+    # rank's output then lands inside this line. One write of under PIPE_BUF bytes arrives whole.
+    sys.stdout.flush()
+    os.write(sys.stdout.fileno(), line.encode())
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Fixtures for the converter tests: tiny HF checkpoints made once per session."""
+"""Fixtures for the converter tests: tiny HF checkpoints made once per session, and one megatron-core launch."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from loaders_tiny import make_model, save_model  # noqa: E402
+from mcore_numerics import cases_of, launch, prepare  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -26,6 +27,16 @@ def hf_checkpoint(tmp_path_factory):
         return made[key]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def mcore_logits(request, tmp_path_factory, hf_checkpoint):
+    """Case name -> megatron-core's logits checked against transformers (mcore_worker.py's result), for
+    every :class:`mcore_numerics.Case` the session's collected tests are parametrised with (dense and
+    MoE alike): one torchrun launch serves them all, so its processes import torch and megatron once."""
+    cases = cases_of(request.session.items)
+    root = tmp_path_factory.mktemp("mcore")
+    return launch([prepare(case, hf_checkpoint, root) for case in cases], root)
 
 
 @pytest.fixture

@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from ascend_patch.models.vocab import padded_vocab_size
-from helpers import REPO, child_env, free_port
+from helpers import REPO, child_env
 from loaders_tiny import hf_state, reference_logits
+from mcore_numerics import assert_logits_match, launch
 
 EXAMPLE = os.path.join(REPO, "examples", "plugins", "ascend-patch-phi3")
-WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mcore_worker.py")
 
 
 @pytest.fixture(scope="module")
@@ -190,13 +190,4 @@ def test_stock_megatron_core_gives_transformers_logits(converted, phi3, tmp_path
     torch.save({"input_ids": ids, "logits": reference_logits(phi3[1], ids)}, tmp_path / "inputs.pt")
     case = dict(name="phi3-2-2", tp=2, pp=2, vpp=1, mg_dir=mg, hf_config=os.path.join(phi3[0], "config.json"),
                 inputs=str(tmp_path / "inputs.pt"), padded_vocab=padded_vocab_size(300, 128, 2), vocab=300)
-    (tmp_path / "cases.json").write_text(json.dumps([case]))
-    out = tmp_path / "results.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "4", "--master_port", str(free_port()),
-         WORKER, str(tmp_path / "cases.json"), str(out)],
-        env=child_env(ASCEND_PATCH="0", OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0 and out.exists(), proc.stderr[-3000:]
-    got = json.loads(out.read_text())["phi3-2-2"]
-    assert got.get("shape") == [2, 12, 300], got
-    assert got["max_abs_diff"] < 1e-4, got
+    assert_logits_match(launch([case], tmp_path)["phi3-2-2"])

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from mcore_run import run_example
+from mcore_run import run_example, start_example, wait_examples
 from reshard import reshard_checkpoint
 
 pytestmark = pytest.mark.slow
@@ -38,11 +38,17 @@ class _Model:
 
     def __init__(self, root, extra):
         self.root, self.extra = root, tuple(extra)
-        run_example(str(root), 1, *COMMON, *self.extra, "--train-iters", "0", "--save", str(root / "init"))
-        self.reference = self.train(1, 1, 1)
-        assert len(self.reference) == 5
-        losses = [r["loss"] for r in self.reference]
+        self.reference: list[dict] = []
+
+    def start_init(self):
+        return start_example(str(self.root), 1, *COMMON, *self.extra, "--train-iters", "0",
+                             "--save", str(self.root / "init"))
+
+    def set_reference(self, records):
+        assert len(records) == 5
+        losses = [r["loss"] for r in records]
         assert losses[-1] < losses[0] - 0.3, f"the loss does not fall: {losses}"
+        self.reference = records
 
     def checkpoint(self, tp, pp):
         path = self.root / f"init_tp{tp}_pp{pp}"
@@ -50,25 +56,46 @@ class _Model:
             reshard_checkpoint(str(self.root / "init"), str(path), tp, pp)
         return str(path)
 
+    def start_train(self, nproc, tp, pp, *flags):
+        return start_example(str(self.root), nproc, *COMMON, *self.extra, "--load", self.checkpoint(tp, pp),
+                             "--finetune", "--tensor-model-parallel-size", str(tp),
+                             "--pipeline-model-parallel-size", str(pp), *flags)
+
     def train(self, nproc, tp, pp, *flags):
-        return run_example(str(self.root), nproc, *COMMON, *self.extra, "--load", self.checkpoint(tp, pp),
-                           "--finetune", "--tensor-model-parallel-size", str(tp),
-                           "--pipeline-model-parallel-size", str(pp), *flags)
+        return self.start_train(nproc, tp, pp, *flags).wait()
+
+
+FAMILIES = {"gpt_tied": (), "gpt_untied": ("--untie-embeddings-and-output-weights",), "qwen3": QWEN3}
 
 
 @pytest.fixture(scope="module")
-def gpt_tied(tmp_path_factory):
-    return _Model(tmp_path_factory.mktemp("gpt_tied"), ())
+def families(request, tmp_path_factory):
+    """The families the collected tests use, each with its initial checkpoint and TP1 reference run. These
+    are one-process launches (one core each), independent across families: all the families' initial
+    checkpoints are written side by side, then all their reference runs are made side by side."""
+    used = [name for name in FAMILIES if any(name in getattr(item, "fixturenames", ())
+                                             for item in request.session.items)]
+    made = {name: _Model(tmp_path_factory.mktemp(name), FAMILIES[name]) for name in used}
+    wait_examples(*(model.start_init() for model in made.values()))
+    references = wait_examples(*(model.start_train(1, 1, 1) for model in made.values()))
+    for model, records in zip(made.values(), references):
+        model.set_reference(records)
+    return made
 
 
 @pytest.fixture(scope="module")
-def gpt_untied(tmp_path_factory):
-    return _Model(tmp_path_factory.mktemp("gpt_untied"), ("--untie-embeddings-and-output-weights",))
+def gpt_tied(families):
+    return families["gpt_tied"]
 
 
 @pytest.fixture(scope="module")
-def qwen3(tmp_path_factory):
-    return _Model(tmp_path_factory.mktemp("qwen3"), QWEN3)
+def gpt_untied(families):
+    return families["gpt_untied"]
+
+
+@pytest.fixture(scope="module")
+def qwen3(families):
+    return families["qwen3"]
 
 
 @pytest.mark.parametrize("layout, nproc, tp, pp, flags", [
@@ -114,8 +141,16 @@ def _assert_megatron_layout(path):
                          ids=["TP1 Adam", "DP2 distributed optimizer"])
 def test_save_load_resumes_with_identical_losses(tmp_path, nproc, flags):
     """3 steps, --save; a new run --load's it and steps 4 and 5 equal an uninterrupted run's."""
-    straight = run_example(str(tmp_path), nproc, *COMMON, *flags)
-    first = run_example(str(tmp_path), nproc, *COMMON, *flags, "--train-iters", "3", "--save", str(tmp_path / "ck"))
+    def straight_run():
+        return start_example(str(tmp_path), nproc, *COMMON, *flags)
+
+    def first_run():
+        return start_example(str(tmp_path), nproc, *COMMON, *flags, "--train-iters", "3", "--save", str(tmp_path / "ck"))
+
+    if nproc == 1:  # independent runs of one core each: side by side
+        straight, first = wait_examples(straight_run(), first_run())
+    else:
+        straight, first = straight_run().wait(), first_run().wait()
     assert [r["loss"] for r in first] == [r["loss"] for r in straight[:3]]
     assert (tmp_path / "ck" / "latest_checkpointed_iteration.txt").read_text() == "3"
     files = sorted(p.name for p in (tmp_path / "ck" / "iter_0000003" / "mp_rank_00").iterdir())

@@ -18,6 +18,9 @@ target and returns a :class:`mlm_harness.MegatronRun` (``losses``, ``grad_norms`
 ``record(i)``, ``printed``, ``output``), raising ``MegatronRunFailed`` with the output's tail
 when the launch fails. Runs are slow (seconds each, several processes): mark tests
 ``@pytest.mark.slow`` and share one run between assertions (a module-scoped fixture).
+Independent one-process launches use one core each: ``megatron_lm.start(...)`` them together and
+collect them with ``mlm_harness.wait_all(...)``, so that on 2 cores they overlap instead of queueing.
+A checkpoint made by ``ascend-patch convert`` is launched with ``mlm_harness.run_converted``.
 """
 
 from __future__ import annotations

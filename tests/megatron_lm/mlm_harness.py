@@ -14,6 +14,12 @@ directory of the test's own (checkpoints, logs), on the cpu target, with a timeo
 whole process group. Every iteration's numbers come from ``ASCEND_PATCH_TRAINING_LOG`` (the
 product's full-precision log of Megatron's ``training_log``), and the printed log lines are parsed
 too, so a test can check the two agree.
+
+For checkpoints made by ``ascend-patch convert``: :func:`cli` runs the command line,
+:func:`tiny_hf_model` makes and saves a small random transformers model, :func:`periodic_data`
+writes a data set whose every training window is known, and :func:`run_converted` does the whole
+convert -> ``ascend-patch args`` -> finetune launch and returns transformers' logits on that window
+(:func:`padded_cross_entropy` is the loss Megatron-LM reports for them).
 """
 
 from __future__ import annotations
@@ -21,17 +27,22 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
 import tarfile
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from helpers import REPO, child_env
 
-__all__ = ["MegatronLM", "MegatronRun", "MegatronRunFailed", "TINY_GPT", "find_tarball", "unpack"]
+__all__ = ["ConvertedRun", "Launch", "MegatronLM", "MegatronRun", "MegatronRunFailed", "TINY_GPT", "cli", "find_tarball",
+           "padded_cross_entropy", "periodic_data", "run_converted", "tiny_hf_model", "unpack",
+           "wait_all"]
 
 TARBALL_NAME = "megatron-lm-core_v0.16.1.tar.gz"
 
@@ -127,30 +138,75 @@ class MegatronLM:
         (the default) a non-zero exit or a timeout raises :class:`MegatronRunFailed` with the
         output's tail. A second run in the same ``workdir`` (a resume) appends to its records.
         """
+        return self.start(args, workdir, nproc, env=env, timeout=timeout, check=check).wait()
+
+    def start(self, args: Sequence[str], workdir: Path, nproc: int = 1, *, env: Mapping[str, str] | None = None,
+              timeout: float = 300, check: bool = True) -> Launch:
+        """:meth:`run` without waiting: the launch runs while the caller starts others (see :func:`wait_all`)."""
         workdir = Path(workdir)
         workdir.mkdir(parents=True, exist_ok=True)
         log = workdir / "iterations.jsonl"
-        first_new = _line_count(log)
         environ = child_env(ASCEND_PATCH_DEVICE="cpu", ASCEND_PATCH_TRAINING_LOG=str(log), OMP_NUM_THREADS="1")
         environ["PYTHONPATH"] = os.pathsep.join([str(self.root), REPO, environ.get("PYTHONPATH", "")])
         environ.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)  # what a user who never set it has
         environ.update(env or {})
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
                "-m", "ascend_patch", str(self.script), *args]
-        proc = subprocess.Popen(cmd, cwd=workdir, env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, start_new_session=True)
+        return Launch(cmd, list(args), workdir, environ, timeout, check)
+
+
+class Launch:
+    """A started :meth:`MegatronLM.start` launch; :meth:`wait` gives its :class:`MegatronRun`.
+
+    The output goes to a file in the workdir (not a pipe), so launches running side by side never
+    block on a full pipe while the caller waits for another one.
+    """
+
+    def __init__(self, cmd: list[str], args: list[str], workdir: Path, environ: dict[str, str], timeout: float,
+                 check: bool) -> None:
+        self.args, self.workdir, self.check = args, workdir, check
+        self.log = workdir / "iterations.jsonl"
+        self.first_new = _line_count(self.log)
+        self.output_path = workdir / f"output-{len(list(workdir.glob('output-*.log')))}.log"
+        self.timeout = timeout
+        self.deadline = time.monotonic() + timeout
+        with open(self.output_path, "w") as out:
+            self.proc = subprocess.Popen(cmd, cwd=workdir, env=environ, stdout=out, stderr=subprocess.STDOUT,
+                                         text=True, start_new_session=True)
+
+    def kill(self) -> None:
+        """End the launch's whole process group (torchrun and its workers), if it still runs."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def wait(self) -> MegatronRun:
+        """Wait for the launch (until its timeout, counted from its start) and collect its numbers."""
         try:
-            output, _ = proc.communicate(timeout=timeout)
+            self.proc.wait(timeout=max(0.0, self.deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            output, _ = proc.communicate()
-            raise MegatronRunFailed(f"pretrain_gpt.py did not finish in {timeout:.0f} s: "
-                                    f"{' '.join(args)}\n{_tail(output)}") from None
-        (workdir / f"output-{len(list(workdir.glob('output-*.log')))}.log").write_text(output)
-        if check and proc.returncode != 0:
-            raise MegatronRunFailed(f"pretrain_gpt.py exited {proc.returncode}: {' '.join(args)}\n{_tail(output)}")
-        records = _read_records(log)[first_new:] if log.exists() else []
-        return MegatronRun(list(args), proc.returncode, output, workdir, records, _printed(output))
+            self.kill()
+            raise MegatronRunFailed(f"pretrain_gpt.py did not finish in {self.timeout:.0f} s: "
+                                    f"{' '.join(self.args)}\n{_tail(self.output_path.read_text())}") from None
+        output = self.output_path.read_text()
+        if self.check and self.proc.returncode != 0:
+            raise MegatronRunFailed(f"pretrain_gpt.py exited {self.proc.returncode}: {' '.join(self.args)}\n"
+                                    f"{_tail(output)}")
+        records = _read_records(self.log)[self.first_new:] if self.log.exists() else []
+        return MegatronRun(self.args, self.proc.returncode, output, self.workdir, records, _printed(output))
+
+
+def wait_all(*launches: Launch) -> list[MegatronRun]:
+    """The runs of launches started side by side, in order; if one fails, the others are ended too.
+
+    On 2 cores a one-process launch leaves a core idle (``OMP_NUM_THREADS=1``): two independent
+    one-process launches started together take little more than one.
+    """
+    try:
+        return [launch.wait() for launch in launches]
+    finally:
+        for launch in launches:
+            launch.kill()
 
 
 def _line_count(path: Path) -> int:
@@ -173,3 +229,85 @@ def _printed(output: str) -> dict[int, tuple[float, float | None]]:
 def _tail(output: str, lines: int = 60) -> str:
     kept = [line for line in output.splitlines() if "Warning" not in line and not line.startswith("  warn")]
     return "\n".join(kept[-lines:])
+
+
+# --- checkpoints made by ascend-patch convert --------------------------------------------------------
+
+def cli(*args: str) -> str:
+    """``python -m ascend_patch.cli ARGS`` in a child (as a user runs it); its stdout, or an assertion error."""
+    done = subprocess.run([sys.executable, "-m", "ascend_patch.cli", *args], env=child_env(ASCEND_PATCH="0"),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def tiny_hf_model(config: Any, model_class: Any, path: Path) -> Any:
+    """``model_class(config)`` with every weight non-trivial (norms around 1), saved to ``path``; in eval mode."""
+    import torch
+
+    torch.manual_seed(0)
+    model = model_class(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(1.0 + 0.1 * torch.randn_like(p) if name.endswith("norm.weight") else 0.05 * torch.randn_like(p))
+    model.save_pretrained(path)
+    return model
+
+
+def periodic_data(prefix: str, pattern: Any, repeats: int = 16) -> None:
+    """One document repeating ``pattern``, as a Megatron indexed data set at ``prefix``: every training window
+    of ``len(pattern)`` tokens (whatever Megatron's shuffle picks) is the pattern followed by its first token."""
+    import numpy as np
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder, get_bin_path, get_idx_path
+
+    document = np.tile(pattern, repeats)  # a multiple of the window: the stream stays periodic across epochs
+    builder = IndexedDatasetBuilder(get_bin_path(prefix), dtype=np.int32)
+    builder.add_document(document, [len(document)])
+    builder.finalize(get_idx_path(prefix))
+
+
+@dataclass
+class ConvertedRun:
+    """A finetune launch from a converted checkpoint, with what a test compares it against."""
+
+    run: MegatronRun
+    model_args: list[str]  # what ``ascend-patch args`` printed
+    logits: Any  # transformers' logits on the training window, [seq, vocab], float64
+    labels: Any  # the window's next tokens, [seq]
+    work: Path
+
+
+def run_converted(megatron_lm: MegatronLM, work: Path, model: Any, vocab: int, seq: int, *,
+                  convert: Sequence[str], args: Sequence[str] = (), launch: Sequence[str] = (),
+                  nproc: int = 1) -> ConvertedRun:
+    """Convert ``work/hf`` (``model`` saved there) to ``work/mg`` with ``ascend-patch convert CONVERT``, and
+    finetune it for 2 iterations in pretrain_gpt.py with the arguments ``ascend-patch args ARGS`` prints,
+    then ``LAUNCH``, on periodic data (``work/periodic``, micro-batch 1, global batch 2, lr 1e-4)."""
+    import numpy as np
+    import torch
+
+    work = Path(work)
+    pattern = np.random.default_rng(1).integers(0, vocab, seq)
+    periodic_data(str(work / "periodic"), pattern)
+    cli("convert", *convert, "--load-dir", str(work / "hf"), "--save-dir", str(work / "mg"))
+    model_args = shlex.split(cli("args", "--hf-config", str(work / "hf"), *args, "--format", "argv"))
+    run = megatron_lm.run([
+        *model_args, *launch, "--load", str(work / "mg"), "--finetune", "--ckpt-format", "torch",
+        "--tokenizer-type", "NullTokenizer", "--data-path", str(work / "periodic"), "--split", "100,0,0",
+        "--seq-length", str(seq), "--micro-batch-size", "1", "--global-batch-size", "2", "--train-iters", "2",
+        "--lr", "1e-4", "--log-interval", "1", "--eval-iters", "0", "--eval-interval", "1000",
+    ], work / "run", nproc=nproc)
+    window = torch.tensor(np.concatenate([pattern, pattern[:1]]))
+    with torch.no_grad():
+        logits = model(window[None, :-1]).logits[0].double()
+    return ConvertedRun(run, model_args, logits, window[1:], work)
+
+
+def padded_cross_entropy(logits: Any, labels: Any, padded_vocab: int) -> float:
+    """The cross entropy Megatron-LM reports over its padded vocabulary when the padding rows are zero
+    (their logits are 0): ``logits`` with ``padded_vocab - vocab`` zero columns appended."""
+    import torch
+
+    seq, vocab = logits.shape
+    padded = torch.cat([logits, torch.zeros(seq, padded_vocab - vocab, dtype=logits.dtype)], dim=1)
+    return torch.nn.functional.cross_entropy(padded, labels).item()

@@ -13,15 +13,12 @@ apart from the lm loss and does not enter it. fp32.
 
 from __future__ import annotations
 
-import shlex
-import subprocess
-import sys
-
-import numpy as np
 import pytest
 import torch
 
-from helpers import child_env
+from mlm_harness import cli as _cli  # noqa: F401  (_cli, _periodic_data: names the torch_dist MoE test imports)
+from mlm_harness import padded_cross_entropy, run_converted, tiny_hf_model
+from mlm_harness import periodic_data as _periodic_data  # noqa: F401
 
 pytestmark = pytest.mark.slow
 
@@ -29,61 +26,28 @@ SEQ, VOCAB, EP = 64, 300, 2
 PADDED = 384
 
 
-def _cli(*args: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "ascend_patch.cli", *args], env=child_env(ASCEND_PATCH="0"),
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done.stdout
-
-
 def _tiny_qwen3_moe(path):
     import transformers
 
-    torch.manual_seed(0)
     config = transformers.Qwen3MoeConfig(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_experts=8,
         num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, max_position_embeddings=128,
         tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
-    model = transformers.Qwen3MoeForCausalLM(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(1.0 + 0.1 * torch.randn_like(p) if name.endswith("norm.weight") else 0.05 * torch.randn_like(p))
-    model.save_pretrained(path)
-    return model
-
-
-def _periodic_data(prefix, pattern):
-    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder, get_bin_path, get_idx_path
-
-    document = np.tile(pattern, 16)
-    builder = IndexedDatasetBuilder(get_bin_path(prefix), dtype=np.int32)
-    builder.add_document(document, [len(document)])
-    builder.finalize(get_idx_path(prefix))
+    return tiny_hf_model(config, transformers.Qwen3MoeForCausalLM, path)
 
 
 @pytest.fixture(scope="module")
 def moe_run(megatron_lm, tmp_path_factory):
     work = tmp_path_factory.mktemp("qwen3_moe")
     model = _tiny_qwen3_moe(work / "hf")
-    pattern = np.random.default_rng(1).integers(0, VOCAB, SEQ)
-    _periodic_data(str(work / "periodic"), pattern)
-    _cli("convert", "--load-model-type", "hf", "--save-model-type", "mg", "--target-expert-parallel-size", str(EP),
-         "--load-dir", str(work / "hf"), "--save-dir", str(work / "mg"))
-    model_args = shlex.split(_cli("args", "--hf-config", str(work / "hf"), "--format", "argv"))
-    run = megatron_lm.run([
-        *model_args, "--spec", "qwen3_moe", "--transformer-impl", "local", "--expert-model-parallel-size", str(EP),
-        "--load", str(work / "mg"), "--finetune", "--ckpt-format", "torch",
-        "--save", str(work / "trained"), "--save-interval", "2",
-        "--hidden-dropout", "0", "--attention-dropout", "0",
-        "--tokenizer-type", "NullTokenizer", "--data-path", str(work / "periodic"), "--split", "100,0,0",
-        "--seq-length", str(SEQ), "--micro-batch-size", "1", "--global-batch-size", "2", "--train-iters", "2",
-        "--lr", "1e-4", "--log-interval", "1", "--eval-iters", "0", "--eval-interval", "1000",
-    ], work / "run", nproc=EP)
-    window = torch.tensor(np.concatenate([pattern, pattern[:1]]))
-    with torch.no_grad():
-        logits = model(window[None, :-1]).logits[0].double()
-    return run, model_args, logits, window[1:], work
+    converted = run_converted(
+        megatron_lm, work, model, VOCAB, SEQ, nproc=EP,
+        convert=("--load-model-type", "hf", "--save-model-type", "mg", "--target-expert-parallel-size", str(EP)),
+        launch=("--spec", "qwen3_moe", "--transformer-impl", "local", "--expert-model-parallel-size", str(EP),
+                "--save", str(work / "trained"), "--save-interval", "2",
+                "--hidden-dropout", "0", "--attention-dropout", "0"))
+    return converted.run, converted.model_args, converted.logits, converted.labels, work
 
 
 def test_the_printed_args_are_the_moe_model(moe_run):
@@ -96,8 +60,7 @@ def test_the_printed_args_are_the_moe_model(moe_run):
 
 def test_megatron_lm_loads_the_ep2_checkpoint_and_gives_transformers_loss(moe_run):
     run, _, logits, labels, _ = moe_run
-    padded = torch.cat([logits, torch.zeros(SEQ, PADDED - VOCAB, dtype=logits.dtype)], dim=1)
-    expected = torch.nn.functional.cross_entropy(padded, labels).item()
+    expected = padded_cross_entropy(logits, labels, PADDED)
     first = run.record(1)["losses"]["lm loss"]
     assert first == pytest.approx(expected, rel=1e-5), first
     assert run.record(2)["losses"]["lm loss"] < first

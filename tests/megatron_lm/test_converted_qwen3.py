@@ -19,15 +19,11 @@ vocabulary the two are the same). fp32.
 
 from __future__ import annotations
 
-import shlex
-import subprocess
-import sys
-
-import numpy as np
 import pytest
-import torch
 
-from helpers import child_env
+from mlm_harness import cli as _cli  # noqa: F401  (_cli, _periodic_data: names test_torch_dist_qwen3.py imports)
+from mlm_harness import padded_cross_entropy, run_converted, tiny_hf_model
+from mlm_harness import periodic_data as _periodic_data  # noqa: F401
 
 pytestmark = pytest.mark.slow
 
@@ -35,61 +31,28 @@ SEQ, VOCAB, TP, PP = 64, 300, 2, 2
 PADDED = 512  # 300 rounded up to a multiple of 128 x TP: what Megatron builds and the converter writes
 
 
-def _cli(*args: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "ascend_patch.cli", *args], env=child_env(ASCEND_PATCH="0"),
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done.stdout
-
-
 def _tiny_qwen3(path):
     import transformers
 
-    torch.manual_seed(0)
     config = transformers.Qwen3Config(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
         num_key_value_heads=2, head_dim=24, rms_norm_eps=1e-6, max_position_embeddings=128, tie_word_embeddings=True,
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
-    model = transformers.Qwen3ForCausalLM(config).eval()
-    with torch.no_grad():  # every weight non-trivial, norms around 1
-        for name, p in model.named_parameters():
-            p.copy_(1.0 + 0.1 * torch.randn_like(p) if name.endswith("norm.weight") else 0.05 * torch.randn_like(p))
-    model.save_pretrained(path)
-    return model
-
-
-def _periodic_data(prefix, pattern):
-    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder, get_bin_path, get_idx_path
-
-    document = np.tile(pattern, 16)  # a multiple of SEQ: the stream stays periodic across epochs
-    builder = IndexedDatasetBuilder(get_bin_path(prefix), dtype=np.int32)
-    builder.add_document(document, [len(document)])
-    builder.finalize(get_idx_path(prefix))
+    return tiny_hf_model(config, transformers.Qwen3ForCausalLM, path)
 
 
 @pytest.fixture(scope="module")
 def qwen3_run(megatron_lm, tmp_path_factory):
     work = tmp_path_factory.mktemp("qwen3")
     model = _tiny_qwen3(work / "hf")
-    pattern = np.random.default_rng(1).integers(0, VOCAB, SEQ)
-    _periodic_data(str(work / "periodic"), pattern)
-    _cli("convert", "--load-model-type", "hf", "--save-model-type", "mg", "--model-type-hf", "qwen3",
-         "--target-tensor-parallel-size", str(TP), "--target-pipeline-parallel-size", str(PP),
-         "--load-dir", str(work / "hf"), "--save-dir", str(work / "mg"))
-    printed = _cli("args", "--hf-config", str(work / "hf"), "--tensor-model-parallel-size", str(TP), "--format", "argv")
-    model_args = shlex.split(printed)
-    run = megatron_lm.run([
-        *model_args,  # everything about the model, its layer spec (--spec qwen3) and its dropout (none)
-        "--tensor-model-parallel-size", str(TP), "--pipeline-model-parallel-size", str(PP),
-        "--load", str(work / "mg"), "--finetune", "--ckpt-format", "torch",
-        "--tokenizer-type", "NullTokenizer", "--data-path", str(work / "periodic"), "--split", "100,0,0",
-        "--seq-length", str(SEQ), "--micro-batch-size", "1", "--global-batch-size", "2", "--train-iters", "2",
-        "--lr", "1e-4", "--log-interval", "1", "--eval-iters", "0", "--eval-interval", "1000",
-    ], work / "run", nproc=TP * PP)
-    window = torch.tensor(np.concatenate([pattern, pattern[:1]]))
-    with torch.no_grad():
-        logits = model(window[None, :-1]).logits[0].double()
-    return run, model_args, logits, window[1:]
+    converted = run_converted(
+        megatron_lm, work, model, VOCAB, SEQ, nproc=TP * PP,
+        convert=("--load-model-type", "hf", "--save-model-type", "mg", "--model-type-hf", "qwen3",
+                 "--target-tensor-parallel-size", str(TP), "--target-pipeline-parallel-size", str(PP)),
+        args=("--tensor-model-parallel-size", str(TP)),
+        # everything about the model, its layer spec (--spec qwen3) and its dropout (none) comes from args
+        launch=("--tensor-model-parallel-size", str(TP), "--pipeline-model-parallel-size", str(PP)))
+    return converted.run, converted.model_args, converted.logits, converted.labels
 
 
 def test_the_printed_args_are_the_converted_model(qwen3_run):
@@ -106,8 +69,9 @@ def test_the_printed_args_are_the_converted_model(qwen3_run):
 
 def test_the_first_iteration_loss_is_transformers_on_the_same_tokens(qwen3_run):
     run, _, logits, labels = qwen3_run
-    padded = torch.cat([logits, torch.zeros(SEQ, PADDED - VOCAB, dtype=logits.dtype)], dim=1)
-    expected = torch.nn.functional.cross_entropy(padded, labels).item()
+    import torch
+
+    expected = padded_cross_entropy(logits, labels, PADDED)
     transformers_loss = torch.nn.functional.cross_entropy(logits, labels).item()
     first = run.record(1)["losses"]["lm loss"]
     assert first == pytest.approx(expected, rel=1e-5), (first, expected, transformers_loss)

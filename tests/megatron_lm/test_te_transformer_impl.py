@@ -26,7 +26,7 @@ import re
 import pytest
 import torch
 
-from mlm_harness import TINY_GPT
+from mlm_harness import TINY_GPT, wait_all
 
 pytestmark = pytest.mark.slow
 
@@ -34,6 +34,8 @@ ITERS = ("--train-iters", "3")
 LLAMA = ("--normalization", "RMSNorm", "--swiglu", "--disable-bias-linear", "--group-query-attention",
          "--num-query-groups", "2", "--position-embedding-type", "rope", "--untie-embeddings-and-output-weights",
          "--attention-dropout", "0.0", "--hidden-dropout", "0.0")
+# a GPT with learned absolute positions, every weight from the host generator
+LEARNED = (*TINY_GPT, *ITERS, "--use-cpu-initialization", "--attention-dropout", "0.0", "--hidden-dropout", "0.0")
 CP_RUNS = {  # comm type -> (processes, extra arguments)
     "p2p": (2, ("--context-parallel-size", "2", "--cp-comm-type", "p2p")),
     "all_gather": (2, ("--context-parallel-size", "2", "--cp-comm-type", "all_gather")),
@@ -63,20 +65,28 @@ def gpt_tp2(megatron_lm, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def llama(megatron_lm, tmp_path_factory):
-    te = megatron_lm.run([*TINY_GPT, *ITERS, *LLAMA], tmp_path_factory.mktemp("te-llama"))
-    local = megatron_lm.run([*TINY_GPT, *ITERS, *LLAMA, "--transformer-impl", "local"],
-                            tmp_path_factory.mktemp("local-llama"))
-    return te, local
+def one_process(megatron_lm, tmp_path_factory):
+    """The module's three one-process launches, independent of each other: started side by side, as each
+    uses one core (OMP_NUM_THREADS=1), they take about the time of two run one after the other."""
+    launches = {
+        "te-llama": megatron_lm.start([*TINY_GPT, *ITERS, *LLAMA], tmp_path_factory.mktemp("te-llama")),
+        "local-llama": megatron_lm.start([*TINY_GPT, *ITERS, *LLAMA, "--transformer-impl", "local"],
+                                         tmp_path_factory.mktemp("local-llama")),
+        "learned-cp1": megatron_lm.start(list(LEARNED), tmp_path_factory.mktemp("learned-cp1")),
+    }
+    return dict(zip(launches, wait_all(*launches.values())))
 
 
 @pytest.fixture(scope="module")
-def learned_positions(megatron_lm, tmp_path_factory):
-    base = (*TINY_GPT, *ITERS, "--use-cpu-initialization", "--attention-dropout", "0.0", "--hidden-dropout", "0.0")
-    cp1 = megatron_lm.run(list(base), tmp_path_factory.mktemp("learned-cp1"))
-    cp2_tp2 = megatron_lm.run([*base, "--context-parallel-size", "2", "--tensor-model-parallel-size", "2",
+def llama(one_process):
+    return one_process["te-llama"], one_process["local-llama"]
+
+
+@pytest.fixture(scope="module")
+def learned_positions(megatron_lm, one_process, tmp_path_factory):
+    cp2_tp2 = megatron_lm.run([*LEARNED, "--context-parallel-size", "2", "--tensor-model-parallel-size", "2",
                                "--sequence-parallel"], tmp_path_factory.mktemp("learned-cp2-tp2"), nproc=4)
-    return cp1, cp2_tp2
+    return one_process["learned-cp1"], cp2_tp2
 
 
 @pytest.fixture(scope="module")
