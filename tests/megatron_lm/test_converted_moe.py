@@ -16,9 +16,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mlm_harness import cli as _cli  # noqa: F401  (_cli, _periodic_data: names the torch_dist MoE test imports)
+from mlm_harness import cli as _cli
 from mlm_harness import padded_cross_entropy, run_converted, tiny_hf_model
-from mlm_harness import periodic_data as _periodic_data  # noqa: F401
 
 pytestmark = pytest.mark.slow
 

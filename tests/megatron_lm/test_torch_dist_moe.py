@@ -31,7 +31,9 @@ import pytest
 import torch
 
 from helpers import REPO, child_env, free_port
-from test_converted_moe import EP, PADDED, SEQ, VOCAB, _cli, _periodic_data, _tiny_qwen3_moe
+from mlm_harness import cli as _cli
+from mlm_harness import padded_cross_entropy, periodic_data
+from test_converted_moe import EP, PADDED, SEQ, VOCAB, _tiny_qwen3_moe
 
 pytestmark = pytest.mark.slow
 
@@ -51,7 +53,7 @@ def moe_dist_runs(megatron_lm, tmp_path_factory):
     work = tmp_path_factory.mktemp("torch_dist_moe")
     model = _tiny_qwen3_moe(work / "hf")
     pattern = np.random.default_rng(1).integers(0, VOCAB, SEQ)
-    _periodic_data(str(work / "periodic"), pattern)
+    periodic_data(str(work / "periodic"), pattern)
     converted = _cli("convert", "--load-model-type", "hf", "--save-model-type", "mg", "--ckpt-format", "torch_dist",
                      "--target-expert-parallel-size", str(EP), "--load-dir", str(work / "hf"),
                      "--save-dir", str(work / "ours_from_hf"), "--verify")
@@ -90,8 +92,7 @@ def moe_dist_runs(megatron_lm, tmp_path_factory):
 def test_megatron_lm_trains_our_moe_torch_dist_at_ep2_with_grouped_gemm(moe_dist_runs):
     converted, trained, labels = moe_dist_runs["converted"], moe_dist_runs["trained"], moe_dist_runs["labels"]
     assert "verify OK" in converted
-    padded = torch.cat([moe_dist_runs["hf_before"], torch.zeros(SEQ, PADDED - VOCAB, dtype=torch.double)], dim=1)
-    expected = torch.nn.functional.cross_entropy(padded, labels).item()
+    expected = padded_cross_entropy(moe_dist_runs["hf_before"], labels, PADDED)
     print(f"first loss {trained.losses[0]!r}, transformers {expected!r}")
     assert trained.iterations == [1, 2]
     assert trained.losses[0] == pytest.approx(expected, rel=1e-5), (trained.losses[0], expected)
