@@ -37,7 +37,9 @@ from typing import Any, NamedTuple
 
 from ..dtypes import DTYPES
 from .blocks import CorruptCheckpoint
-from .torch_zip import TORCH_DTYPES, Slot, TorchGlobal, TorchZipWriter, _Pickler, zip_bytes, zip_layout
+from .pickle_write import GlobalCall as _Call
+from .pickle_write import dumps
+from .torch_zip import TORCH_DTYPES, Slot, TorchGlobal, TorchZipWriter, zip_bytes, zip_layout
 
 __all__ = [
     "ChunkRecord",
@@ -399,16 +401,6 @@ class DistcpWriter:
             self.fd = -1
 
 
-class _Call:
-    """Pickles as a call ``module.name(*args)`` (GLOBAL + REDUCE) without importing ``module``."""
-
-    def __init__(self, module: str, name: str, *args: Any) -> None:
-        self.fn, self.args = TorchGlobal(module, name), args
-
-    def __reduce__(self) -> Any:
-        return self.fn, self.args
-
-
 _DCP = "torch.distributed.checkpoint.metadata"
 DCP_VERSION = "1.0.0"  # torch.distributed.checkpoint.filesystem.CURRENT_DCP_VERSION of the torch this was built on
 
@@ -450,6 +442,4 @@ def dumps_metadata(files: Sequence[tuple[str, Sequence[DistItem]]], dtypes: dict
             storage[index] = _Call("torch.distributed.checkpoint.filesystem", "_StorageInfo", relpath, pos, length)
             pos += length
     metadata = _Call(_DCP, "Metadata", state, None, storage, None, DCP_VERSION)
-    buf = io.BytesIO()
-    _Pickler(buf, protocol=2).dump(metadata)
-    return buf.getvalue()
+    return dumps(metadata)
