@@ -311,3 +311,37 @@ def padded_cross_entropy(logits: Any, labels: Any, padded_vocab: int) -> float:
     seq, vocab = logits.shape
     padded = torch.cat([logits, torch.zeros(seq, padded_vocab - vocab, dtype=logits.dtype)], dim=1)
     return torch.nn.functional.cross_entropy(padded, labels).item()
+
+
+@dataclass
+class DistRoundTrip:
+    """What the converter and megatron-core make of a torch_dist checkpoint Megatron-LM saved."""
+
+    exported: str  # `convert` mg -> hf output (--verify)
+    rewritten: str  # `convert` mg -> torch_dist output (--verify)
+    megatron_logits: Any  # megatron-core's logits from Megatron-LM's save (its own loader, TP1 PP1 EP1)
+    our_logits: Any  # and from our re-write of it
+
+
+def export_and_rewrite(work: Path, saved: str, pattern: Any) -> DistRoundTrip:
+    """Convert Megatron-LM's torch_dist save ``work/<saved>`` to HF (``work/exported``) and re-write it as torch_dist
+    (``work/ours``), then let megatron-core load both (tests/loaders/dist_logits_worker.py) and run ``pattern``."""
+    import torch
+
+    from helpers import free_port
+
+    exported = cli("convert", "--load-model-type", "mg", "--save-model-type", "hf", "--load-dir",
+                   str(work / saved), "--save-dir", str(work / "exported"), "--verify")
+    rewritten = cli("convert", "--load-model-type", "mg", "--save-model-type", "mg", "--ckpt-format", "torch_dist",
+                    "--load-dir", str(work / saved), "--save-dir", str(work / "ours"), "--verify")
+    torch.save({"input_ids": torch.tensor(pattern)[None]}, work / "tokens.pt")
+    iteration = (work / saved / "latest_checkpointed_iteration.txt").read_text().strip()
+    worker = os.path.join(REPO, "tests", "loaders", "dist_logits_worker.py")
+    folder = f"iter_{int(iteration):07d}"
+    done = subprocess.run([sys.executable, worker, str(work / "hf"), str(work / "tokens.pt"), str(work / "logits.pt"),
+                           str(work / saved / folder), str(work / "ours" / folder)],
+                          env=child_env(ASCEND_PATCH="0", OMP_NUM_THREADS="1", MASTER_PORT=str(free_port())),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    megatron_logits, our_logits = torch.load(work / "logits.pt", weights_only=True)
+    return DistRoundTrip(exported, rewritten, megatron_logits, our_logits)

@@ -21,23 +21,17 @@ fp32 throughout; the data set repeats one 64-token pattern, so every window is k
 
 from __future__ import annotations
 
-import os
 import shlex
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
 
-from helpers import REPO, child_env, free_port
 from mlm_harness import cli as _cli
-from mlm_harness import padded_cross_entropy, periodic_data
+from mlm_harness import export_and_rewrite, padded_cross_entropy, periodic_data
 from test_converted_moe import EP, PADDED, SEQ, VOCAB, _tiny_qwen3_moe
 
 pytestmark = pytest.mark.slow
-
-WORKER = os.path.join(REPO, "tests", "loaders", "dist_logits_worker.py")
 
 
 def _train_args(model_args, work, load, *parallel, start=("--finetune",), iters=2):
@@ -61,17 +55,7 @@ def moe_dist_runs(megatron_lm, tmp_path_factory):
     trained = megatron_lm.run(_train_args(model_args, work, work / "ours_from_hf", "--moe-grouped-gemm",
                                           "--expert-model-parallel-size", str(EP), "--save", str(work / "megatron"),
                                           "--save-interval", "2"), work / "train", nproc=EP)
-    exported = _cli("convert", "--load-model-type", "mg", "--save-model-type", "hf", "--load-dir",
-                    str(work / "megatron"), "--save-dir", str(work / "exported"), "--verify")
-    rewritten = _cli("convert", "--load-model-type", "mg", "--save-model-type", "mg", "--ckpt-format", "torch_dist",
-                     "--load-dir", str(work / "megatron"), "--save-dir", str(work / "ours"), "--verify")
-    torch.save({"input_ids": torch.tensor(pattern)[None]}, work / "tokens.pt")
-    done = subprocess.run([sys.executable, WORKER, str(work / "hf"), str(work / "tokens.pt"), str(work / "logits.pt"),
-                           str(work / "megatron" / "iter_0000002"), str(work / "ours" / "iter_0000002")],
-                          env=child_env(ASCEND_PATCH="0", OMP_NUM_THREADS="1", MASTER_PORT=str(free_port())),
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    megatron_logits, our_logits = torch.load(work / "logits.pt", weights_only=True)
+    dist = export_and_rewrite(work, "megatron", pattern)
     resumed = megatron_lm.run(_train_args(model_args, work, work / "ours", "--transformer-impl", "local",
                                           "--pipeline-model-parallel-size", "2",
                                           start=("--no-load-optim", "--no-load-rng"), iters=4),
@@ -84,9 +68,9 @@ def moe_dist_runs(megatron_lm, tmp_path_factory):
     exported_model = transformers.AutoModelForCausalLM.from_pretrained(str(work / "exported")).eval()
     with torch.no_grad():
         hf_after = exported_model(torch.tensor(pattern)[None]).logits[0]
-    return dict(converted=converted, trained=trained, exported=exported, rewritten=rewritten,
-                megatron=megatron_logits, ours=our_logits, hf_before=hf_before, hf_after=hf_after, resumed=resumed,
-                labels=window[1:], work=work)
+    return dict(converted=converted, trained=trained, exported=dist.exported, rewritten=dist.rewritten,
+                megatron=dist.megatron_logits, ours=dist.our_logits, hf_before=hf_before, hf_after=hf_after,
+                resumed=resumed, labels=window[1:], work=work)
 
 
 def test_megatron_lm_trains_our_moe_torch_dist_at_ep2_with_grouped_gemm(moe_dist_runs):
@@ -97,7 +81,7 @@ def test_megatron_lm_trains_our_moe_torch_dist_at_ep2_with_grouped_gemm(moe_dist
     assert trained.iterations == [1, 2]
     assert trained.losses[0] == pytest.approx(expected, rel=1e-5), (trained.losses[0], expected)
     assert trained.losses[1] < trained.losses[0]
-    saved = sorted(os.listdir(moe_dist_runs["work"] / "megatron" / "iter_0000002"))
+    saved = sorted(p.name for p in (moe_dist_runs["work"] / "megatron" / "iter_0000002").iterdir())
     assert ".metadata" in saved and "common.pt" in saved and sum(n.endswith(".distcp") for n in saved) >= EP
 
 

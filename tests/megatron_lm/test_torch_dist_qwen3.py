@@ -21,21 +21,16 @@ test_converted_qwen3.py). fp32 throughout.
 
 from __future__ import annotations
 
-import os
 import shlex
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
 
-from helpers import REPO, child_env, free_port
+from mlm_harness import export_and_rewrite
 from test_converted_qwen3 import SEQ, VOCAB, _cli, _periodic_data, _tiny_qwen3
 
 pytestmark = pytest.mark.slow
-
-WORKER = os.path.join(REPO, "tests", "loaders", "dist_logits_worker.py")
 
 
 def _train_args(model_args, work, tp, pp, load, *extra, start=("--finetune",), iters=2):
@@ -61,17 +56,7 @@ def dist_runs(megatron_lm, tmp_path_factory):
                                   "--format", "argv"))
     trained = megatron_lm.run(_train_args(model_args, work, 2, 2, work / "legacy", "--save", str(work / "megatron"),
                                           "--save-interval", "2"), work / "train", nproc=4)
-    exported = _cli("convert", "--load-model-type", "mg", "--save-model-type", "hf", "--load-dir",
-                    str(work / "megatron"), "--save-dir", str(work / "exported"), "--verify")
-    rewritten = _cli("convert", "--load-model-type", "mg", "--save-model-type", "mg", "--ckpt-format", "torch_dist",
-                     "--load-dir", str(work / "megatron"), "--save-dir", str(work / "ours"), "--verify")
-    torch.save({"input_ids": torch.tensor(pattern)[None]}, work / "tokens.pt")
-    done = subprocess.run([sys.executable, WORKER, str(work / "hf"), str(work / "tokens.pt"), str(work / "logits.pt"),
-                           str(work / "megatron" / "iter_0000002"), str(work / "ours" / "iter_0000002")],
-                          env=child_env(ASCEND_PATCH="0", OMP_NUM_THREADS="1", MASTER_PORT=str(free_port())),
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    megatron_logits, our_logits = torch.load(work / "logits.pt", weights_only=True)
+    dist = export_and_rewrite(work, "megatron", pattern)
     # a resume, not --finetune: Megatron-LM checks the saved args against the launch's and goes on from
     # iteration 2 (the checkpoint holds no optimizer or RNG state, which the flags say)
     resume = ("--no-load-optim", "--no-load-rng")
@@ -87,7 +72,8 @@ def dist_runs(megatron_lm, tmp_path_factory):
     with torch.no_grad():
         hf_logits = model(torch.tensor(pattern)[None]).logits[0]
     labels = torch.tensor(np.concatenate([pattern[1:], pattern[:1]]))
-    return dict(trained=trained, exported=exported, rewritten=rewritten, megatron=megatron_logits, ours=our_logits,
+    return dict(trained=trained, exported=dist.exported, rewritten=dist.rewritten,
+                megatron=dist.megatron_logits, ours=dist.our_logits,
                 hf=hf_logits, resumed=resumed, own=own, labels=labels)
 
 
