@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from .config import ConfigError, Settings, read_settings
 
 if TYPE_CHECKING:
-    from .adaptors.report import Report
+    from .patching.report import Report
     from .backend import Backend
 
 __all__ = [
@@ -42,7 +42,7 @@ def apply(settings: Settings | None = None, backend: Backend | None = None) -> R
     """Apply the patch set (settings default to the environment). A second call changes nothing."""
     global _auto_pending
     _auto_pending = False
-    from .adaptors.report import apply_and_report
+    from .patching.report import apply_and_report
 
     return apply_and_report(settings, backend)
 
@@ -51,8 +51,8 @@ def remove() -> None:
     """Undo every patch: each original is restored by identity, shim modules are removed."""
     global _auto_pending
     _auto_pending = False
-    if "ascend_patch.adaptors.manager" in sys.modules:
-        from .adaptors.manager import manager
+    if "ascend_patch.patching.manager" in sys.modules:
+        from .patching.manager import manager
 
         manager.remove()
     # what `import ascend_patch` carried over before any apply (the manager restored the rest)
@@ -64,7 +64,7 @@ def remove() -> None:
 @contextlib.contextmanager
 def patched(settings: Settings | None = None, backend: Backend | None = None) -> Iterator[Report]:
     """Patches active inside the block only (unless they were active before it)."""
-    from .adaptors.manager import manager
+    from .patching.manager import manager
 
     was_active = manager.active
     result = apply(settings, backend)
@@ -77,17 +77,17 @@ def patched(settings: Settings | None = None, backend: Backend | None = None) ->
 
 def report() -> Report:
     """What was applied, deferred, skipped or failed, and (when recording) which CUDA APIs ran."""
-    from .adaptors.manager import manager
-    from .adaptors.report import build_report
+    from .patching.manager import manager
+    from .patching.report import build_report
 
     return build_report(manager)
 
 
 def active_backend() -> Backend | None:
     """The target the process is patched for, or None when nothing is applied."""
-    if "ascend_patch.adaptors.manager" not in sys.modules:
+    if "ascend_patch.patching.manager" not in sys.modules:
         return None
-    from .adaptors.manager import manager
+    from .patching.manager import manager
 
     return manager.backend if manager.active else None
 

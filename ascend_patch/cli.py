@@ -40,11 +40,11 @@ def _cmd_report(args: argparse.Namespace) -> int:
     report = ascend_patch.apply(settings)
     try:
         if args.markdown:
-            from .adaptors.coverage import coverage_markdown
+            from .adaptors.device.coverage import coverage_markdown
 
             table = coverage_markdown(report)
             if args.update:
-                from .adaptors.coverage import replace_table
+                from .adaptors.device.coverage import replace_table
 
                 replace_table(args.update, table)
                 print(f"updated the coverage table in {args.update}")

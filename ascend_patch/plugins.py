@@ -31,13 +31,14 @@ __all__ = [
 
 # name -> module. Each module holds hookimpls only and imports nothing heavy at import.
 BUILTIN_PLUGINS: dict[str, str] = {
-    "device": "ascend_patch.adaptors.device_plugin",
+    "device": "ascend_patch.adaptors.device.plugin",
     "comm": "ascend_patch.comm.plugin",
     "models": "ascend_patch.models.plugin",
     "ops": "ascend_patch.ops.plugin",
     "loaders": "ascend_patch.loaders.plugin",
     "megatron": "ascend_patch.adaptors.megatron.plugin",
-    "megatron_training": "ascend_patch.adaptors.megatron_training.plugin",
+    "megatron_training": "ascend_patch.adaptors.megatron.training.plugin",
+    "processes": "ascend_patch.patching.plugin",
 }
 
 

@@ -53,7 +53,7 @@ def import_cost(rounds: int) -> tuple[float, float]:
 def per_check(rounds: int) -> tuple[float, float]:
     from packaging.specifiers import SpecifierSet
 
-    from ascend_patch.adaptors.versions import _plain_in_range
+    from ascend_patch.patching.versions import _plain_in_range
 
     installed, spec = "2.13.0+cpu", ">=2.13,<2.14"
     assert _plain_in_range(installed, spec) is SpecifierSet(spec).contains(installed) is True

@@ -39,7 +39,7 @@ def patched(cpu_settings):
 @pytest.fixture(autouse=True)
 def _no_patch_leaks():
     yield
-    manager = sys.modules.get("ascend_patch.adaptors.manager")
+    manager = sys.modules.get("ascend_patch.patching.manager")
     if manager is not None and manager.manager.active:
         manager.manager.remove()
         pytest.fail("a test left ascend_patch applied; use the `patched` fixture")

@@ -7,7 +7,7 @@ from helpers import REPO
 
 def test_coverage_table_matches_the_patch_table():
     import ascend_patch
-    from ascend_patch.adaptors.coverage import coverage_markdown
+    from ascend_patch.adaptors.device.coverage import coverage_markdown
     from ascend_patch.config import Settings
 
     with ascend_patch.patched(Settings(device="cpu")) as report:

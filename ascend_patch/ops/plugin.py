@@ -1,4 +1,4 @@
-"""The built-in ops plugin: shims for CUDA-only packages and megatron-core's fused-op entry points."""
+"""The built-in ops plugin: shims for CUDA-only packages, and the fused-optimizer fallback on npu."""
 
 from __future__ import annotations
 
@@ -10,12 +10,10 @@ __all__ = ["ascend_patch_register_patches"]
 @hookimpl
 def ascend_patch_register_patches(registry: PatchSink, backend: Target) -> None:
     from ..patch import Wrap
-    from .megatron import megatron_patches
     from .optim import fused_optimizer_fallback
     from .shims import shim_patches
 
     registry.extend(shim_patches(backend))
-    registry.extend(megatron_patches(backend))
     # torch 2.13 runs fused=True on cpu for every float dtype (tests/ops check it), so only npu,
     # where torch_npu's coverage cannot be checked here, gets the probing fallback
     registry.add(Wrap(target="torch.optim:Adam.__init__", wrapper=fused_optimizer_fallback,

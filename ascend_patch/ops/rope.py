@@ -27,8 +27,6 @@ __all__ = [
     "apply_rotary_emb",
     "fused_rope_sbhd",
     "fused_rope_thd",
-    "megatron_fused_apply_rotary_pos_emb",
-    "megatron_fused_apply_rotary_pos_emb_thd",
     "rotate_half",
     "thd_positions",
 ]
@@ -226,26 +224,3 @@ def fused_rope_thd(t: Tensor, cu_seqlens: Tensor, freqs: Tensor, cp_size: int = 
     if pos.numel() and int(pos.max()) >= freqs.shape[0]:
         raise ValueError(f"fused RoPE (thd): positions reach {int(pos.max())} but freqs has {freqs.shape[0]} rows")
     return fused_rope_sbhd(t.unsqueeze(1), freqs[pos.to(freqs.device)], interleaved, backend=backend).squeeze(1)
-
-
-def megatron_fused_apply_rotary_pos_emb(backend: Any) -> Callable[..., Tensor]:
-    """``rope_utils.fused_apply_rotary_pos_emb(t, freqs, transpose_output_memory=False, interleaved=False)``."""
-
-    def fused_apply_rotary_pos_emb(t: Tensor, freqs: Tensor, transpose_output_memory: bool = False,
-                                   interleaved: bool = False) -> Tensor:
-        if transpose_output_memory:
-            warnings.warn("transpose_output_memory is not supported by the fused RoPE and will be ignored.",
-                          stacklevel=2)
-        return fused_rope_sbhd(t, freqs, interleaved, backend=backend)
-
-    return fused_apply_rotary_pos_emb
-
-
-def megatron_fused_apply_rotary_pos_emb_thd(backend: Any) -> Callable[..., Tensor]:
-    """``rope_utils.fused_apply_rotary_pos_emb_thd(t, cu_seqlens, freqs, cp_size=1, cp_rank=0)``."""
-
-    def fused_apply_rotary_pos_emb_thd(t: Tensor, cu_seqlens: Tensor, freqs: Tensor, cp_size: int = 1,
-                                       cp_rank: int = 0) -> Tensor:
-        return fused_rope_thd(t, cu_seqlens, freqs, cp_size, cp_rank, backend=backend)
-
-    return fused_apply_rotary_pos_emb_thd

@@ -1,4 +1,4 @@
-"""Shim modules for CUDA-only packages: apex, amp_C, fused_layer_norm_cuda, flash_attn, transformer_engine.
+"""Shim modules for CUDA-only packages: apex, amp_C, fused_layer_norm_cuda, flash_attn.
 
 The patch manager serves a shim only while the real package is missing (its finder sits
 at the end of ``sys.meta_path``), marks it as a shim (``find_spec(...).origin`` names
@@ -6,24 +6,19 @@ ascend_patch) and deletes it on ``remove()``. A name a shim lacks fails with an 
 naming it and what to use instead.
 
 :class:`ShimCatalog` builds the adapted objects once per apply, bound to the backend, so
-``apex.optimizers.FusedAdam is apex.optimizers.fused_adam.FusedAdam``. The
-``transformer_engine`` shim is the Transformer-Engine-compatible layer of :mod:`.te`
-(modules and their attributes declared in :data:`ascend_patch.ops.te.SURFACE`); megatron-core
-sees it and builds its TE layer spec on it - unless megatron-core was imported before ascend_patch
-without it (:func:`te_hidden_from`).
+``apex.optimizers.FusedAdam is apex.optimizers.fused_adam.FusedAdam``. (The ``transformer_engine``
+shim exists for megatron-core: :mod:`ascend_patch.adaptors.megatron.te`.)
 """
 
 from __future__ import annotations
 
 import functools
-import sys
 from collections.abc import Callable
 from typing import Any
 
 from ..shim import SHIM_INIT, ShimModule
-from .te import SURFACE as _TE_SURFACE
 
-__all__ = ["HIDDEN_FROM", "SHIM_NAMES", "ShimCatalog", "shim_patches", "te_hidden_from"]
+__all__ = ["SHIM_NAMES", "ShimCatalog", "bound_to", "named_class", "shim_module", "shim_patches"]
 
 # every module name a shim is served under (parents before children)
 SHIM_NAMES: tuple[str, ...] = (
@@ -33,28 +28,7 @@ SHIM_NAMES: tuple[str, ...] = (
     "apex.contrib", "apex.contrib.layer_norm", "apex.contrib.layer_norm.layer_norm",
     "amp_C", "fused_layer_norm_cuda",
     "flash_attn", "flash_attn.flash_attn_interface", "flash_attn.layers", "flash_attn.layers.rotary",
-    *_TE_SURFACE,
 )
-
-# shims some packages must not see (top-level package -> importers it stays missing to); none by default
-HIDDEN_FROM: dict[str, tuple[str, ...]] = {}
-_MEGATRON_TE = "megatron.core.extensions.transformer_engine"
-
-
-def te_hidden_from() -> tuple[str, ...]:
-    """``("megatron",)`` when megatron-core was imported *without* Transformer Engine, else ``()``.
-
-    ``import megatron.core`` decides once, in ``megatron.core.extensions.transformer_engine``,
-    whether TE exists (``HAVE_TE``); modules it imports later decide again. Shown the TE layer
-    after that first decision said "no", megatron would mix both answers (``TENorm`` picked
-    by ``transformer_block``, refused by the extension: "Transformer Engine is not installed").
-    So a process that imported megatron-core before ascend_patch keeps megatron's local path
-    consistently; user code still gets the layer.
-    """
-    extension = sys.modules.get(_MEGATRON_TE)
-    if extension is not None and not getattr(extension, "HAVE_TE", False):
-        return ("megatron",)
-    return ()
 
 _AMP = "use torch.amp (torch.autocast + torch.amp.GradScaler), which ascend_patch maps onto the target"
 _APEX_HINTS = {
@@ -100,29 +74,7 @@ _ROTARY_HINTS = {
     "apply_rotary_emb_kv_": "call apply_rotary_emb on k",
     "*": "the shim provides apply_rotary_emb, apply_rotary_emb_func, apply_rotary_emb_torch and rotate_half",
 }
-_TE_HINTS = {
-    "ops": "TE's operation-based API is not provided; drop --use-te-activation-func and "
-           "--use-transformer-engine-op-fuser",
-    "module": "TE's userbuffers (--tp-comm-overlap) are not available on this target; drop --tp-comm-overlap",
-    "attention": "TE's fused RoPE / packed-QKV helpers are not provided; megatron-core falls back to its own",
-    "*": "ascend_patch's transformer_engine layer provides transformer_engine.pytorch.Linear, LayerNormLinear, "
-         "GroupedLinear, LayerNorm, RMSNorm, DotProductAttention, fp8_autocast (FP8 off), .optimizers, "
-         ".distributed's RNG tracker, .permutation (--moe-permute-fusion), .router (--moe-router-fusion), "
-         ".cross_entropy "
-         "(--cross-entropy-fusion-impl te) and transformer_engine.common.recipe; see docs/megatron.md for the "
-         "coverage table",
-}
-_TE_OPT_HINTS = {
-    "multi_tensor_adam_fp8": "fp8 optimizer states are not supported; use multi_tensor_adam",
-    "multi_tensor_adam_capturable": "CUDA-graph capture is not available; use multi_tensor_adam",
-    "multi_tensor_adam_capturable_master": "CUDA-graph capture is not available; use multi_tensor_adam",
-    "multi_tensor_unscale_l2norm": "call multi_tensor_scale with 1/scale, then multi_tensor_l2norm",
-    "multi_tensor_scale_tensor": "use multi_tensor_scale with a Python float",
-    "*": "the shim provides FusedAdam, FusedSGD, multi_tensor_applier, multi_tensor_scale, multi_tensor_l2norm, "
-         "multi_tensor_adam and multi_tensor_sgd",
-}
-
-def _bound(fn: Callable[..., Any], backend: Any) -> Callable[..., Any]:
+def bound_to(fn: Callable[..., Any], backend: Any) -> Callable[..., Any]:
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
         return fn(*args, backend=backend, **kwargs)
@@ -130,11 +82,11 @@ def _bound(fn: Callable[..., Any], backend: Any) -> Callable[..., Any]:
     return call
 
 
-def _named(base: type, name: str, module: str, **attrs: Any) -> type:
+def named_class(base: type, name: str, module: str, **attrs: Any) -> type:
     return type(base)(name, (base,), {"__module__": module, "__qualname__": name, **attrs})
 
 
-def _module(name: str, doc: str, hints: dict[str, str], attrs: dict[str, Any],
+def shim_module(name: str, doc: str, hints: dict[str, str], attrs: dict[str, Any],
             children: tuple[str, ...] = ()) -> ShimModule:
     mod = ShimModule(name, f"ascend_patch shim for {name}: {doc}", hints)
     for key, value in attrs.items():
@@ -162,8 +114,8 @@ class ShimCatalog:
         from . import optim
 
         bind = {"backend": self.backend}
-        return {"FusedAdam": _named(optim.ApexFusedAdam, "FusedAdam", "apex.optimizers.fused_adam", **bind),
-                "FusedSGD": _named(optim.ApexFusedSGD, "FusedSGD", "apex.optimizers.fused_sgd", **bind)}
+        return {"FusedAdam": named_class(optim.ApexFusedAdam, "FusedAdam", "apex.optimizers.fused_adam", **bind),
+                "FusedSGD": named_class(optim.ApexFusedSGD, "FusedSGD", "apex.optimizers.fused_sgd", **bind)}
 
     @functools.cached_property
     def apex_norm_modules(self) -> dict[str, Any]:
@@ -171,7 +123,7 @@ class ShimCatalog:
 
         mod = "apex.normalization.fused_layer_norm"
         bind = {"backend": self.backend}
-        return {name: _named(getattr(norm_apex, name), name, mod, **bind)
+        return {name: named_class(getattr(norm_apex, name), name, mod, **bind)
                 for name in ("FusedLayerNorm", "MixedFusedLayerNorm", "FusedRMSNorm", "MixedFusedRMSNorm")}
 
     @functools.cached_property
@@ -183,7 +135,7 @@ class ShimCatalog:
             "FusedRMSNormAffineFunction", "FusedRMSNormAffineMixedDtypesFunction", "FusedRMSNormFunction",
             "fused_layer_norm_affine", "fused_layer_norm", "mixed_dtype_fused_layer_norm_affine")}
         for name in ("fused_rms_norm_affine", "fused_rms_norm", "mixed_dtype_fused_rms_norm_affine"):
-            out[name] = _bound(getattr(norm, name), self.backend)
+            out[name] = bound_to(getattr(norm, name), self.backend)
         return out
 
     @functools.cached_property
@@ -194,14 +146,14 @@ class ShimCatalog:
         out = {name: getattr(mt, name) for name in ("multi_tensor_scale", "multi_tensor_l2norm", "multi_tensor_axpby")}
         for name in ("multi_tensor_adam", "multi_tensor_adam_capturable", "multi_tensor_adam_capturable_master",
                      "multi_tensor_sgd"):
-            out[name] = _bound(getattr(mt, name), self.backend)
+            out[name] = bound_to(getattr(mt, name), self.backend)
         return out
 
     @functools.cached_property
     def flash(self) -> dict[str, Any]:
         from . import attention
 
-        return {name: _bound(getattr(attention, name), self.backend) for name in (
+        return {name: bound_to(getattr(attention, name), self.backend) for name in (
             "flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func", "flash_attn_varlen_func",
             "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func", "flash_attn_with_kvcache")}
 
@@ -209,7 +161,7 @@ class ShimCatalog:
     def rotary(self) -> dict[str, Any]:
         from . import rope
 
-        fused = _bound(rope.apply_rotary_emb, self.backend)
+        fused = bound_to(rope.apply_rotary_emb, self.backend)
 
         def apply_rotary_emb_torch(x: Any, cos: Any, sin: Any, interleaved: bool = False) -> Any:
             """flash-attn's pure-torch reference: x (b, s, h, d), cos/sin (s, rd/2)."""
@@ -218,156 +170,102 @@ class ShimCatalog:
         return {"apply_rotary_emb": fused, "apply_rotary_emb_func": fused,
                 "apply_rotary_emb_torch": apply_rotary_emb_torch, "rotate_half": rope.rotate_half}
 
-    @functools.cached_property
-    def te_optimizers(self) -> dict[str, Any]:
-        from . import multi_tensor as mt
-        from . import optim
-
-        mod = "transformer_engine.pytorch.optimizers"
-        bind = {"backend": self.backend}
-        return {"FusedAdam": _named(optim.TEFusedAdam, "FusedAdam", f"{mod}.fused_adam", **bind),
-                "FusedSGD": _named(optim.TEFusedSGD, "FusedSGD", f"{mod}.fused_sgd", **bind),
-                "MultiTensorApply": mt.TEMultiTensorApply, "multi_tensor_applier": mt.te_multi_tensor_applier,
-                "multi_tensor_scale": mt.multi_tensor_scale, "multi_tensor_l2norm": mt.multi_tensor_l2norm,
-                "multi_tensor_adam": self.multi_tensor["multi_tensor_adam"],
-                "multi_tensor_sgd": self.multi_tensor["multi_tensor_sgd"]}
-
-    def bound(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        """``fn`` called with ``backend=`` this catalog's backend."""
-        return _bound(fn, self.backend)
-
-    def te_bound(self, cls: type, name: str, module: str) -> type:
-        """``cls`` as the shim's class ``name``, bound to this catalog's backend (one class per name per apply)."""
-        bound = self._te_classes.get(name)
-        if bound is None:
-            attr = "_bound_backend" if "_bound_backend" in dir(cls) else "backend"
-            bound = self._te_classes[name] = _named(cls, name, module, **{attr: self.backend})
-        return bound
-
-    @functools.cached_property
-    def _te_classes(self) -> dict[str, type]:
-        return {}
-
     # -- builders: name -> module ------------------------------------------------------------
 
     def build(self, name: str) -> ShimModule:
         """The shim module called ``name`` (one of :data:`SHIM_NAMES`)."""
-        if name in _TE_SURFACE:
-            return self._te_module(name)
         builder = getattr(self, "_" + name.replace(".", "_"), None)
         if builder is None:
             raise KeyError(f"no shim called {name!r}; known: {', '.join(SHIM_NAMES)}")
         return builder(name)
 
     def _apex(self, name: str) -> ShimModule:
-        return _module(name, "apex's fused optimizers and norms on the target", _APEX_HINTS, {},
+        return shim_module(name, "apex's fused optimizers and norms on the target", _APEX_HINTS, {},
                        children=("optimizers", "normalization"))
 
     def _apex_optimizers(self, name: str) -> ShimModule:
-        return _module(name, "FusedAdam, FusedSGD", _OPTIM_HINTS, dict(self.apex_optimizers))
+        return shim_module(name, "FusedAdam, FusedSGD", _OPTIM_HINTS, dict(self.apex_optimizers))
 
     def _apex_optimizers_fused_adam(self, name: str) -> ShimModule:
-        return _module(name, "FusedAdam", _OPTIM_HINTS, {"FusedAdam": self.apex_optimizers["FusedAdam"]})
+        return shim_module(name, "FusedAdam", _OPTIM_HINTS, {"FusedAdam": self.apex_optimizers["FusedAdam"]})
 
     def _apex_optimizers_fused_sgd(self, name: str) -> ShimModule:
-        return _module(name, "FusedSGD", _OPTIM_HINTS, {"FusedSGD": self.apex_optimizers["FusedSGD"]})
+        return shim_module(name, "FusedSGD", _OPTIM_HINTS, {"FusedSGD": self.apex_optimizers["FusedSGD"]})
 
     def _apex_normalization(self, name: str) -> ShimModule:
-        return _module(name, "fused layer/RMS norms", {"*": "the shim provides FusedLayerNorm, MixedFusedLayerNorm, "
+        return shim_module(name, "fused layer/RMS norms", {"*": "the shim provides FusedLayerNorm, MixedFusedLayerNorm, "
                                                             "FusedRMSNorm and MixedFusedRMSNorm"},
                        dict(self.apex_norm_modules), children=("fused_layer_norm",))
 
     def _apex_normalization_fused_layer_norm(self, name: str) -> ShimModule:
         hints = {"manual_rms_norm": "use torch.nn.functional.rms_norm",
                  "*": "the shim provides the norm modules, their autograd functions and functional forms"}
-        return _module(name, "fused layer/RMS norms", hints, {**self.apex_norm_modules, **self.apex_norm_functional})
+        return shim_module(name, "fused layer/RMS norms", hints, {**self.apex_norm_modules, **self.apex_norm_functional})
 
     def _apex_multi_tensor_apply(self, name: str) -> ShimModule:
         from . import multi_tensor as mt
 
-        return _module(name, "multi_tensor_applier", {"*": "the shim provides multi_tensor_applier"},
+        return shim_module(name, "multi_tensor_applier", {"*": "the shim provides multi_tensor_applier"},
                        {"multi_tensor_applier": mt.multi_tensor_applier, "MultiTensorApply": mt.MultiTensorApply})
 
     def _apex_multi_tensor_apply_multi_tensor_apply(self, name: str) -> ShimModule:
         from . import multi_tensor as mt
 
-        return _module(name, "MultiTensorApply", {"*": "the shim provides MultiTensorApply"},
+        return shim_module(name, "MultiTensorApply", {"*": "the shim provides MultiTensorApply"},
                        {"MultiTensorApply": mt.MultiTensorApply})
 
     def _apex_contrib(self, name: str) -> ShimModule:
-        return _module(name, "apex.contrib.layer_norm only", {
+        return shim_module(name, "apex.contrib.layer_norm only", {
             "*": "only apex.contrib.layer_norm is provided; for the other contrib kernels use torch "
                  "(e.g. torch.nn.functional.cross_entropy for xentropy)"}, {})
 
     def _apex_contrib_layer_norm(self, name: str) -> ShimModule:
         from . import norm_apex
 
-        return _module(name, "FastLayerNorm", {"*": "the shim provides FastLayerNorm"},
+        return shim_module(name, "FastLayerNorm", {"*": "the shim provides FastLayerNorm"},
                        {"FastLayerNorm": norm_apex.FastLayerNorm})
 
     def _apex_contrib_layer_norm_layer_norm(self, name: str) -> ShimModule:
         from . import norm, norm_apex
 
-        return _module(name, "FastLayerNorm, FastLayerNormFN", {"*": "the shim provides FastLayerNorm and "
+        return shim_module(name, "FastLayerNorm, FastLayerNormFN", {"*": "the shim provides FastLayerNorm and "
                                                                     "FastLayerNormFN"},
                        {"FastLayerNorm": norm_apex.FastLayerNorm, "FastLayerNormFN": norm.FastLayerNormFN})
 
     def _amp_C(self, name: str) -> ShimModule:
-        return _module(name, "multi-tensor ops with apex's overflow-flag semantics", _AMP_C_HINTS,
+        return shim_module(name, "multi-tensor ops with apex's overflow-flag semantics", _AMP_C_HINTS,
                        dict(self.multi_tensor))
 
     def _fused_layer_norm_cuda(self, name: str) -> ShimModule:
         from . import norm_apex
 
-        return _module(name, "apex's layer/RMS norm extension functions", {
+        return shim_module(name, "apex's layer/RMS norm extension functions", {
             "*": "the shim provides forward/backward(_affine), rms_forward/rms_backward(_affine) and the "
                  "*_mixed_dtypes forwards"}, norm_apex.cuda_module_functions(self.backend))
 
     def _flash_attn(self, name: str) -> ShimModule:
-        mod = _module(name, "flash-attn 2's API on the target", _FLASH_HINTS, dict(self.flash),
+        mod = shim_module(name, "flash-attn 2's API on the target", _FLASH_HINTS, dict(self.flash),
                       children=("flash_attn_interface",))
         mod.__version__ = "2.8.3"  # the flash-attn 2 API level the adaptor implements (not an install)
         return mod
 
     def _flash_attn_flash_attn_interface(self, name: str) -> ShimModule:
-        return _module(name, "flash-attn 2's functions", _INTERFACE_HINTS, dict(self.flash))
+        return shim_module(name, "flash-attn 2's functions", _INTERFACE_HINTS, dict(self.flash))
 
     def _flash_attn_layers(self, name: str) -> ShimModule:
-        return _module(name, "flash_attn.layers.rotary only", {"*": "only flash_attn.layers.rotary is provided"}, {})
+        return shim_module(name, "flash_attn.layers.rotary only", {"*": "only flash_attn.layers.rotary is provided"}, {})
 
     def _flash_attn_layers_rotary(self, name: str) -> ShimModule:
-        return _module(name, "apply_rotary_emb", _ROTARY_HINTS, dict(self.rotary))
-
-    def _te_module(self, name: str) -> ShimModule:
-        from .te import surface
-
-        doc, _build, children = _TE_SURFACE[name]
-        attrs = surface(self, name)
-        hints = {"transformer_engine.pytorch.optimizers": _TE_OPT_HINTS,
-                 "transformer_engine.pytorch.ops": {"*": _TE_HINTS["ops"]}}.get(name, _TE_HINTS)
-        mod = _module(name, doc, hints, {k: v for k, v in attrs.items() if not k.startswith("__")}, children=children)
-        for key, value in attrs.items():
-            if key.startswith("__"):
-                setattr(mod, key, value)  # e.g. __version__: on the module, not in __all__
-        return mod
+        return shim_module(name, "apply_rotary_emb", _ROTARY_HINTS, dict(self.rotary))
 
 
 def shim_patches(backend: Any) -> list[Any]:
     """MODULE patches serving every shim in :data:`SHIM_NAMES`, bound to ``backend``."""
-    from ..patch import Action, ModuleShim, Patch
+    from ..patch import Action, ModuleShim
 
     catalog = ShimCatalog(backend)
     action = Action.TRANSLATED if backend.name == "npu" else Action.EMULATED
-    hidden = {**HIDDEN_FROM, "transformer_engine": te_hidden_from()}
-
-    def reason(name: str) -> str:
-        top = name.split(".")[0]
-        text = f"{top} is CUDA-only; serve ascend_patch's adapted {name} while it is not installed"
-        if hidden.get(top):
-            text += " (hidden from megatron-core, imported before ascend_patch without it: megatron keeps its " \
-                    "local path consistently)"
-        return text
-
     return [ModuleShim(target=name, make=catalog.build, action=action,
-                       hidden_from=hidden.get(name.split(".")[0], ()), reason=reason(name))
+                       reason=f"{name.split('.')[0]} is CUDA-only; serve ascend_patch's adapted {name} while it is "
+                              "not installed")
             for name in SHIM_NAMES]

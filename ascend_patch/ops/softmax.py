@@ -1,10 +1,7 @@
-"""Megatron's fused scale-mask-softmax on the target.
+"""Fused scale-mask-softmax (the CUDA ``scaled_masked_softmax`` kernels' semantics) on the target.
 
-megatron-core's ``FusedScaleMaskSoftmax`` asks ``is_kernel_available`` (which imports the
-CUDA extension ``scaled_masked_softmax_cuda`` for fp16/bf16 inputs, so it raises on a
-host) and then runs its CUDA kernels. The adapted methods keep the kernels' semantics:
-scale, mask (True = masked out, filled with -10000) or the causal upper triangle,
-softmax in fp32, a fully masked row gives zeros, output in the input dtype.
+Scale, mask (True = masked out, filled with -10000) or the causal upper triangle, softmax in
+fp32, a fully masked row gives zeros, output in the input dtype:
 
 * npu: ``npu_scaled_masked_softmax(x, mask, scale, fixed_triu_mask=False)`` where its
   documented shape limits hold (last two dims in [32, 4096], multiples of 32);
@@ -21,13 +18,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["megatron_forward_fused_softmax", "megatron_is_kernel_available", "npu_softmax_shape_ok",
-           "scaled_masked_softmax"]
+__all__ = ["npu_softmax_shape_ok", "scaled_masked_softmax", "softmax_kernel"]
 
 _MASK_VALUE = -10000.0
 
 
-def _kernel(backend: Any) -> Any:
+def softmax_kernel(backend: Any) -> Any:
+    """The target's fused softmax kernel, or None (the torch path)."""
     return backend.kernels.get("npu_scaled_masked_softmax") if backend is not None else None
 
 
@@ -57,7 +54,7 @@ def scaled_masked_softmax(x: Tensor, mask: Tensor | None, scale: float = 1.0, *,
     if causal:
         tri = _upper_triangle(sq, sk, x.device)
         mask = tri if mask is None else (mask.bool() | tri)
-    kernel = _kernel(backend)
+    kernel = softmax_kernel(backend)
     if kernel is not None and x.dim() == 4 and npu_softmax_shape_ok(sq, sk):
         m = mask.bool() if mask is not None else torch.zeros(1, 1, sq, sk, dtype=torch.bool, device=x.device)
         while m.dim() < 4:
@@ -79,34 +76,3 @@ def scaled_masked_softmax(x: Tensor, mask: Tensor | None, scale: float = 1.0, *,
         if bool(empty.any()):
             probs = probs.masked_fill(empty, 0.0)  # the CUDA kernels write zeros for a fully masked row
     return probs.to(x.dtype)
-
-
-def megatron_is_kernel_available(backend: Any) -> Callable[..., bool]:
-    """``FusedScaleMaskSoftmax.is_kernel_available`` that answers for the target's implementation."""
-
-    def is_kernel_available(self: Any, mask: Tensor | None, b: int, np: int, sq: int, sk: int) -> bool:
-        if not (self.scaled_masked_softmax_fusion and self.input_in_float16):
-            return False
-        if getattr(self, "window_size", None) is not None:
-            return False  # the fused kernels have no sliding window; megatron's torch path has
-        if getattr(self.attn_mask_type, "name", "") == "causal" and sq != sk:
-            return False
-        if _kernel(backend) is not None:
-            return npu_softmax_shape_ok(sq, sk)
-        return True
-
-    return is_kernel_available
-
-
-def megatron_forward_fused_softmax(backend: Any) -> Callable[..., Tensor]:
-    """``FusedScaleMaskSoftmax.forward_fused_softmax`` on the target (causal, masked or plain)."""
-
-    def forward_fused_softmax(self: Any, input: Tensor, mask: Tensor | None) -> Tensor:
-        b, np, sq, sk = input.size()
-        scale = self.scale if self.scale is not None else 1.0
-        if getattr(self.attn_mask_type, "name", "") == "causal":
-            assert sq == sk, "causal mask is only for self attention"
-            return scaled_masked_softmax(input, None, scale, causal=True, backend=backend)
-        return scaled_masked_softmax(input, mask, scale, backend=backend)
-
-    return forward_fused_softmax

@@ -26,8 +26,6 @@ from torch.nn import functional as F
 __all__ = [
     "bias_gelu",
     "bias_swiglu",
-    "megatron_bias_gelu_impl",
-    "megatron_bias_swiglu_impl",
     "swiglu",
 ]
 
@@ -99,25 +97,3 @@ def bias_swiglu(input: Tensor, bias: Tensor | None, fp8_input_store: bool = Fals
 def bias_gelu(input: Tensor, bias: Tensor | None, *, backend: Any = None) -> Tensor:
     """Tanh-approximated GeLU of ``input + bias`` (megatron's ``bias_gelu``), differentiable."""
     return F.gelu(input if bias is None else input + bias, approximate="tanh")
-
-
-def megatron_bias_swiglu_impl(backend: Any) -> Callable[..., Tensor]:
-    """``megatron.core.fusions.fused_bias_swiglu.bias_swiglu_impl`` for ``backend``."""
-
-    def bias_swiglu_impl(input: Tensor, bias: Tensor | None, fp8_input_store: bool = False,
-                         cpu_offload_input: bool = False) -> Tensor:
-        ori_shape = input.shape
-        assert len(ori_shape) in [2, 3]
-        out = bias_swiglu(input.view(-1, ori_shape[-1]), bias, fp8_input_store, cpu_offload_input, backend=backend)
-        return out if len(ori_shape) == 2 else out.view(ori_shape[0], ori_shape[1], -1)
-
-    return bias_swiglu_impl
-
-
-def megatron_bias_gelu_impl(backend: Any) -> Callable[[Tensor, Tensor], Tensor]:
-    """``megatron.core.fusions.fused_bias_gelu.bias_gelu_impl`` for ``backend``."""
-
-    def bias_gelu_impl(input: Tensor, bias: Tensor) -> Tensor:
-        return bias_gelu(input, bias, backend=backend)
-
-    return bias_gelu_impl

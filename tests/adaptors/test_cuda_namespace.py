@@ -176,7 +176,7 @@ def test_every_public_cuda_callable_is_covered(patched):
     """Each name in torch.cuda.__all__ is either patched or deliberately left (types, modules)."""
     import types
 
-    from ascend_patch.adaptors.manager import manager
+    from ascend_patch.patching.manager import manager
 
     covered = {s.patch.attribute for s in manager.statuses if s.patch.module == "torch.cuda"}
     for name in torch.cuda.__all__:

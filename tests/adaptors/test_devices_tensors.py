@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from ascend_patch.adaptors.factories import derive_device_functions
+from ascend_patch.adaptors.device.factories import derive_device_functions
 from ascend_patch.backend import cpu_backend
 from ascend_patch.devices import NOT_A_DEVICE, DeviceMap
 

@@ -147,7 +147,7 @@ def test_dataloader_pin_memory(patched):
 def flags_only_plugins():
     """A plugin manager holding only the TF32 -> HF32 flag patches (no device patches)."""
     from ascend_patch import plugins
-    from ascend_patch.adaptors.backend_flags import backend_flag_patches
+    from ascend_patch.adaptors.device.backend_flags import backend_flag_patches
     from ascend_patch.hookspec import hookimpl
 
     class FlagsOnly:
@@ -194,7 +194,7 @@ def test_tf32_flags_drive_the_npu_hf32_switches(flags_only_plugins):
 
 
 def test_tf32_flags_are_left_alone_on_the_host_and_without_switches():
-    from ascend_patch.adaptors.backend_flags import backend_flag_patches
+    from ascend_patch.adaptors.device.backend_flags import backend_flag_patches
     from ascend_patch.backend import Backend, cpu_backend
 
     assert backend_flag_patches(cpu_backend()) == []  # the host has neither TF32 nor HF32

@@ -19,7 +19,7 @@ _SCRIPT = textwrap.dedent("""
     from ascend_patch.config import Settings
     from ascend_patch.devices import DeviceMap
     from ascend_patch.comm.backend_names import _group_wrapper, _ddp_init
-    from ascend_patch.adaptors.factories import device_kwarg_wrapper
+    from ascend_patch.adaptors.device.factories import device_kwarg_wrapper
 
     fake = FakeNpuModule()
     npu = Backend("npu", "npu", "hccl", fake, keeps_index=True, reason="test double")

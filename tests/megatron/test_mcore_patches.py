@@ -19,7 +19,7 @@ from mcore_run import mcore_world  # noqa: F401  (fixture)
 
 
 def _megatron_statuses():
-    from ascend_patch.adaptors.manager import manager
+    from ascend_patch.patching.manager import manager
 
     return [s for s in manager.statuses if s.patch.owner == "megatron"]
 

@@ -27,7 +27,7 @@ def test_every_megatron_patch_of_every_plugin_is_listed_with_reason_and_range():
     table = PT.megatron_patch_markdown()
     by_target = PT.megatron_patches_by_target()
     owners = {p.owner for per in by_target.values() for p in per.values()}
-    assert {"megatron", "ops"} <= owners  # the adaptor's and the ops module's megatron patches
+    assert {"megatron", "megatron_training"} <= owners  # megatron-core's and Megatron-LM's patches
     for target in ("megatron.core.fusions.fused_layer_norm:FusedLayerNorm.__new__",
                    "megatron.core.models.common.embeddings.rope_utils:fused_apply_rotary_pos_emb",
                    "megatron.core.fusions.fused_bias_swiglu:bias_swiglu_impl",

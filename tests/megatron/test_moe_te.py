@@ -2,7 +2,7 @@
 
 ``--moe-grouped-gemm`` under the default ``--transformer-impl transformer_engine`` builds
 ``TEGroupedMLP``, whose linears are ``transformer_engine.pytorch.GroupedLinear``
-(:mod:`ascend_patch.ops.te.grouped`); without it, ``SequentialMLP`` of TE linears. Given the local
+(:mod:`ascend_patch.adaptors.megatron.te.grouped`); without it, ``SequentialMLP`` of TE linears. Given the local
 SequentialMLP's weights, both compute its numbers, and the grouped experts' checkpoint keys are the
 sequential experts' (megatron's torch_dist checkpoints load into either).
 """

@@ -11,8 +11,8 @@ import types
 import pytest
 import torch
 
-from ascend_patch.adaptors.megatron_training import arguments, initialize, training_log
-from ascend_patch.adaptors.megatron_training.plugin import training_patches
+from ascend_patch.adaptors.megatron.training import arguments, initialize, training_log
+from ascend_patch.adaptors.megatron.training.plugin import training_patches
 from ascend_patch.backend import cpu_backend
 from ascend_patch.config import Settings
 
@@ -149,7 +149,7 @@ def test_fused_kernels_load_is_a_no_op_and_restored(megatron_lm, cpu_settings, m
 
 
 def test_building_data_iterators_leaves_the_generator_where_it_was():
-    from ascend_patch.adaptors.megatron_training.rng import keep_host_generator as keep_device_stream
+    from ascend_patch.adaptors.megatron.training.rng import keep_host_generator as keep_device_stream
 
     torch.manual_seed(7)
     before = torch.get_rng_state()
@@ -205,7 +205,7 @@ def test_the_jit_warm_up_leaves_the_host_generator_as_seeded_and_is_restored(meg
 
 
 def test_the_generator_patches_are_for_the_cpu_target_only():
-    from ascend_patch.adaptors.manager import PatchRegistry
+    from ascend_patch.patching.manager import PatchRegistry
     from ascend_patch.adaptors.megatron.plugin import megatron_patches
     from ascend_patch.backend import Backend
 
@@ -228,7 +228,7 @@ def test_spec_takes_a_registered_name_and_leaves_megatrons_form_alone(monkeypatc
     from megatron.core.transformer.identity_op import IdentityOp
     from megatron.core.transformer.spec_utils import ModuleSpec
 
-    from ascend_patch.adaptors.megatron_training import spec
+    from ascend_patch.adaptors.megatron.training import spec
     from ascend_patch.models.registry import UnknownSpec
 
     calls = []
@@ -251,7 +251,7 @@ def test_spec_takes_a_registered_name_and_leaves_megatrons_form_alone(monkeypatc
 def test_batch_invariant_mode_is_refused_naming_the_flag_while_triton_is_missing(monkeypatch):
     import importlib.util
 
-    from ascend_patch.ops.triton_shim import TritonUnavailable
+    from ascend_patch.adaptors.megatron.triton_shim import TritonUnavailable
 
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "triton" else real_find_spec(name, *a))

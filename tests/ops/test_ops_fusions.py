@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from ascend_patch.adaptors.megatron import fusions as F
 from ascend_patch.ops import softmax as S
 from ascend_patch.ops import swiglu as W
 from npu_references import CallLog, reference_npu_scaled_masked_softmax, reference_npu_swiglu
@@ -25,7 +26,7 @@ def ref_tanh_gelu(x):
 @pytest.mark.parametrize("shape", [(6, 16), (3, 2, 16)])
 @pytest.mark.parametrize("with_bias", [True, False])
 def test_bias_swiglu_impl_values_and_grads(seeded, shape, with_bias):
-    impl = W.megatron_bias_swiglu_impl(None)
+    impl = F.megatron_bias_swiglu_impl(None)
     x = torch.randn(*shape, requires_grad=True)
     bias = torch.randn(16, requires_grad=True) if with_bias else None
     out = impl(x, bias)
@@ -69,7 +70,7 @@ def test_cpu_offload_input_tags_the_saved_input(seeded, fp8_input_store, with_bi
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = W.megatron_bias_swiglu_impl(None)(x, bias, fp8_input_store, True)
+        out = F.megatron_bias_swiglu_impl(None)(x, bias, fp8_input_store, True)
     tagged = [t for t in packed if getattr(t, "activation_offloading", False)]
     inputs = [t for t in tagged if t.shape == x.shape]
     assert len(inputs) == 1
@@ -82,14 +83,14 @@ def test_cpu_offload_input_tags_the_saved_input(seeded, fp8_input_store, with_bi
         assert bias.activation_offloading is True
     plain = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: plain.append(t) or t, lambda t: t):
-        W.megatron_bias_swiglu_impl(None)(torch.randn(4, 16, requires_grad=True), None, fp8_input_store, False)
+        F.megatron_bias_swiglu_impl(None)(torch.randn(4, 16, requires_grad=True), None, fp8_input_store, False)
     assert plain and not any(getattr(t, "activation_offloading", False) for t in plain)
     out.sum().backward()
     assert x.grad is not None
 
 
 def test_bias_gelu_impl_is_megatrons_tanh_gelu(seeded):
-    impl = W.megatron_bias_gelu_impl(None)
+    impl = F.megatron_bias_gelu_impl(None)
     x, bias = torch.randn(5, 12, requires_grad=True), torch.randn(12, requires_grad=True)
     out = impl(x, bias)
     torch.testing.assert_close(out.double(), ref_tanh_gelu(x + bias), atol=1e-6, rtol=1e-6)
@@ -105,7 +106,7 @@ def test_npu_swiglu_translation(cpu_backend, seeded):
     log = CallLog(reference_npu_swiglu)
     x, bias = torch.randn(2, 3, 16), torch.randn(16)
     with cpu_backend.kernels.override(npu_swiglu=log):
-        out = W.megatron_bias_swiglu_impl(cpu_backend)(x, bias)
+        out = F.megatron_bias_swiglu_impl(cpu_backend)(x, bias)
         kept = W.bias_swiglu(x.view(-1, 16), bias, fp8_input_store=True, backend=cpu_backend)  # needs our autograd
     assert len(log.calls) == 1 and log.calls[0]["dim"] == -1
     torch.testing.assert_close(out.double(), ref_swiglu(x + bias), atol=1e-6, rtol=1e-6)
@@ -139,7 +140,7 @@ def test_megatron_fused_scale_mask_softmax_uses_the_adapted_kernel(patched, seed
     from megatron.core.transformer.enums import AttnMaskType
     from megatron.core.transformer.utils import attention_mask_func
 
-    from ascend_patch.adaptors.manager import manager
+    from ascend_patch.patching.manager import manager
 
     for name in ("is_kernel_available", "forward_fused_softmax"):
         status = manager.status_of(f"megatron.core.fusions.fused_softmax:FusedScaleMaskSoftmax.{name}")
@@ -173,7 +174,7 @@ def test_npu_scaled_masked_softmax_translation(cpu_backend, seeded):
         out = S.scaled_masked_softmax(x, mask, 0.5, backend=cpu_backend)
         causal = S.scaled_masked_softmax(torch.randn(1, 2, 64, 64), None, 1.0, causal=True, backend=cpu_backend)
         small = S.scaled_masked_softmax(torch.randn(1, 1, 8, 8), None, 1.0, backend=cpu_backend)  # under 32: torch
-        is_avail = S.megatron_is_kernel_available(cpu_backend)
+        is_avail = F.megatron_is_kernel_available(cpu_backend)
         answers = (is_avail(Cfg(), None, 1, 1, 64, 64), is_avail(Cfg(), None, 1, 1, 48, 64))
     assert answers == (True, False)  # the documented 32..4096, multiple-of-32 limits
     assert is_avail(Cfg(), None, 1, 1, 48, 64)  # the kernel looked up at call time: cpu takes any shape

@@ -48,7 +48,7 @@ def test_megatron_entry_points_are_patched_and_restored_by_identity(cpu_settings
     import importlib
 
     import ascend_patch
-    from ascend_patch.adaptors.manager import manager
+    from ascend_patch.patching.manager import manager
 
     modules = {name: importlib.import_module(name) for name in STOCK}
     from megatron.core.fusions import fused_softmax
@@ -78,7 +78,7 @@ def test_megatron_patches_are_skipped_outside_the_checked_version(monkeypatch, c
     import importlib.metadata
 
     import ascend_patch
-    from ascend_patch.adaptors.manager import manager
+    from ascend_patch.patching.manager import manager
 
     real = importlib.metadata.version
     monkeypatch.setattr(importlib.metadata, "version",

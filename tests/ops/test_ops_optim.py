@@ -174,7 +174,7 @@ def test_te_fused_adam_fp32_and_refusals():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_torch_adamw_fused_runs_on_the_cpu_target(patched, dtype):
     """No gap to fill on cpu: torch 2.13 has fused AdamW there, so no patch is registered for it."""
-    from ascend_patch.adaptors.manager import manager
+    from ascend_patch.patching.manager import manager
 
     assert manager.status_of("torch.optim:Adam.__init__") is None
     torch.manual_seed(0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ascend_patch.adaptors.megatron import fusions as F
 from ascend_patch.ops import rope as R
 from npu_references import CallLog, reference_npu_rotary_mul
 
@@ -86,7 +87,7 @@ def test_megatron_fused_rope_equals_megatrons_unfused_path(seeded, interleaved, 
 
     t = torch.randn(12, 2, 4, 32).to(dtype)
     freqs = _freqs(12, 24, interleaved)  # rotary dim 24 of 32
-    fused = R.megatron_fused_apply_rotary_pos_emb(None)(t, freqs, interleaved=interleaved)
+    fused = F.megatron_fused_apply_rotary_pos_emb(None)(t, freqs, interleaved=interleaved)
     stock = rope_utils._apply_rotary_pos_emb_bshd(t, freqs, rotary_interleaved=interleaved)
     half = freqs[:, 0, 0, ::2] if interleaved else freqs[:, 0, 0, :12]
     ref = explicit_rotation(t.transpose(0, 1), half.cos(), half.sin(), torch.arange(12), interleaved).transpose(0, 1)
@@ -110,7 +111,7 @@ def test_megatron_fused_rope_thd_equals_megatrons_unfused_path(seeded, cp_size, 
     cu = torch.tensor([0, *torch.tensor(full).cumsum(0).tolist()], dtype=torch.int32)
     t = torch.randn(sum(full) // cp_size, 3, 16)
     freqs = _freqs(32, 16, False)
-    fused = R.megatron_fused_apply_rotary_pos_emb_thd(None)(t, cu, freqs, cp_size=cp_size, cp_rank=cp_rank)
+    fused = F.megatron_fused_apply_rotary_pos_emb_thd(None)(t, cu, freqs, cp_size=cp_size, cp_rank=cp_rank)
     stock = rope_utils._apply_rotary_pos_emb_thd(t, cu, freqs, cp_group=Group())
     torch.testing.assert_close(fused, stock, atol=1e-6, rtol=1e-6)
     with pytest.raises(ValueError, match="describe 12 tokens but t has 11"):

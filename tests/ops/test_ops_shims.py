@@ -98,7 +98,7 @@ def test_shims_are_the_adapted_objects(no_real_packages, patched, seeded):
 
 def test_a_real_package_is_never_shadowed(tmp_path, monkeypatch, cpu_settings):
     import ascend_patch
-    from ascend_patch.adaptors.manager import manager
+    from ascend_patch.patching.manager import manager
 
     real = tmp_path / "site" / "flash_attn"
     real.mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""transformer_engine.pytorch.GroupedLinear (ascend_patch.ops.te.grouped) against one F.linear per expert."""
+"""transformer_engine.pytorch.GroupedLinear (ascend_patch.adaptors.megatron.te.grouped) against one F.linear per expert."""
 
 from __future__ import annotations
 

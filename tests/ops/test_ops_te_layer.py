@@ -1,4 +1,4 @@
-"""The transformer_engine shim's layers (ascend_patch.ops.te) against torch references, on the cpu path and,
+"""The transformer_engine shim's layers (ascend_patch.adaptors.megatron.te) against torch references, on the cpu path and,
 with reference kernels injected into the kernel table, on the npu path; the shim's lifecycle and refusals."""
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def _import_as(module_name: str, statement: str) -> dict:
 
 def test_megatron_sees_the_layer_and_remove_takes_it_away(cpu_settings, monkeypatch):
     import ascend_patch
-    from ascend_patch.ops.te import SURFACE, TE_VERSION
+    from ascend_patch.adaptors.megatron.te import SURFACE, TE_VERSION
 
     monkeypatch.delitem(sys.modules, "megatron.core.extensions.transformer_engine", raising=False)
     ascend_patch.apply(cpu_settings)
@@ -280,7 +280,7 @@ def test_dropout_draws_from_the_trackers_stream(world):
 
 
 def test_refusals_name_the_option_and_what_to_do(te):
-    from ascend_patch.ops.te.fp8 import FP8Unavailable
+    from ascend_patch.adaptors.megatron.te.fp8 import FP8Unavailable
 
     with pytest.raises(NotImplementedError, match=r"ub_overlap_ag=True\).*--tp-comm-overlap"):
         te.Linear(8, 8, ub_overlap_ag=True)

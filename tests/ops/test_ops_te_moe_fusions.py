@@ -165,7 +165,7 @@ def _cross_entropy_worker(rank: int, world: int, port: int, out: str) -> None:
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    from ascend_patch.ops.te.cross_entropy import parallel_cross_entropy
+    from ascend_patch.adaptors.megatron.te.cross_entropy import parallel_cross_entropy
 
     torch.manual_seed(0)
     logits = torch.randn(5, 3, 16, dtype=torch.float32)  # [s, b, vocab]

@@ -16,7 +16,7 @@ from npu_references import CallLog
 from npu_references_moe import reference_npu_moe_token_permute, reference_npu_moe_token_unpermute
 
 from ascend_patch import usage
-from ascend_patch.ops.te import permutation as P
+from ascend_patch.adaptors.megatron.te import permutation as P
 
 
 def routing(tokens, experts, topk, dropped=()):

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from ascend_patch.ops import triton_shim
+from ascend_patch.adaptors.megatron import triton_shim
 
 from helpers import child_env
 

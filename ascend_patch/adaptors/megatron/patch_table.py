@@ -39,7 +39,7 @@ def _stand_in_backends() -> list[Any]:
 
 def _collect(backend: Any) -> list[Any]:
     from ...plugins import PluginManager
-    from ..manager import PatchRegistry
+    from ...patching.manager import PatchRegistry
 
     pm = PluginManager(entry_points=False)
     registry = PatchRegistry(backend)

@@ -18,11 +18,12 @@ __all__ = ["ascend_patch_register_patches", "megatron_patches"]
 
 def megatron_patches(backend: Any) -> list[Any]:
     """Every Megatron patch for ``backend`` (the registry drops those for other targets)."""
-    from . import jit, moe, norms, optimizer, p2p, rng, te, wgrad
+    from . import fp8_config, fusions, jit, moe, norms, optimizer, p2p, rng, wgrad
+    from .te.shims import te_shim_patches
 
     return [*jit.jit_patches(), *rng.rng_patches(), *norms.norm_patches(backend), *wgrad.wgrad_patches(),
             *optimizer.optimizer_patches(), *p2p.p2p_patches(),
-            *te.te_patches(),
+            *fp8_config.te_patches(), *fusions.megatron_patches(backend), *te_shim_patches(backend),
             *moe.moe_patches(backend)]
 
 
