@@ -167,3 +167,27 @@ def test_no_module_over_500_lines():
     assert not long, f"split these by responsibility: {long}"
     shortened = sorted(p for p in KNOWN_LONG_FILES if lengths.get(p, 0) <= MAX_LINES)
     assert not shortened, f"these are no longer over {MAX_LINES} lines: remove them from KNOWN_LONG_FILES: {shortened}"
+
+
+_RANGE = re.compile(r"^\s*(?:[<>=!~]=?\s*\d+(?:\.\d+)*\s*,?\s*)+$")
+
+
+def _version_ranges(path: str) -> list[tuple[int, str]]:
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    return [(node.lineno, node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and _RANGE.match(node.value)
+            and re.search(r"[<>=~]=?\s*0\.", node.value)]
+
+
+def test_a_megatron_version_range_is_written_once():
+    """megatron-core's versions (0.x) appear as a range only in adaptors/megatron/releases.py."""
+    from ascend_patch.adaptors.megatron import releases
+
+    assert _RANGE.match(">=0.16,<0.17") and _RANGE.match("==0.12.1") and not _RANGE.match("version 0.16")
+    found = {os.path.relpath(path, REPO): ranges for path in _modules().values() if (ranges := _version_ranges(path))}
+    assert set(found) == {os.path.join("ascend_patch", "adaptors", "megatron", "releases.py")}, found
+    # the extras that install megatron-core ask for the supported range, or (tests) one release of it
+    with open(os.path.join(REPO, "pyproject.toml"), encoding="utf-8") as f:
+        wanted = re.findall(r'"megatron-core([^"]*)"', f.read())
+    assert wanted and all(spec == releases.SUPPORTED or spec.startswith("==") for spec in wanted), wanted

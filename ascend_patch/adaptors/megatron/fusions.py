@@ -29,15 +29,15 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ...patch import Action, Patch, Replace
+from .releases import patch_range
 
 if TYPE_CHECKING:
     from torch import Tensor
 
-__all__ = ["MEGATRON_RANGE", "megatron_bias_gelu_impl", "megatron_bias_swiglu_impl", "megatron_forward_fused_softmax",
+__all__ = ["megatron_bias_gelu_impl", "megatron_bias_swiglu_impl", "megatron_forward_fused_softmax",
            "megatron_fused_apply_rotary_pos_emb", "megatron_fused_apply_rotary_pos_emb_thd",
            "megatron_is_kernel_available", "megatron_patches"]
 
-MEGATRON_RANGE = {"package": "megatron-core", "versions": ">=0.16,<0.17"}
 _ROPE = "megatron.core.models.common.embeddings.rope_utils"
 _SOFTMAX = "megatron.core.fusions.fused_softmax"
 
@@ -144,7 +144,7 @@ def megatron_patches(backend: Any) -> list[Patch]:
         return getattr(mod, name)(backend)
 
     def patch(target: str, reason: str, make: Any, **extra: Any) -> Replace:
-        return Replace(target, reason, make=make, action=action, **MEGATRON_RANGE, **extra)
+        return Replace(target, reason, make=make, action=action, **patch_range(), **extra)
 
     return [
         patch(f"{_ROPE}:fused_apply_rotary_pos_emb",

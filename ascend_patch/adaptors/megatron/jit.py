@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ...patch import Action, Patch, Replace
-from . import PACKAGE, VERSIONS
+from .releases import COMPILED_AT_IMPORT, patch_range
 
 __all__ = ["COMPILED_AT_IMPORT", "compiled_functions", "eager", "jit_patches"]
 
@@ -43,34 +43,6 @@ def eager(fn: Callable[..., Any] | None = None, **kwargs: Any) -> Any:
     if fn is None:
         return lambda f: f
     return fn
-
-
-# (module, attribute) of every function megatron-core 0.16.1 passes through jit_fuser at import;
-# tests/megatron/test_mcore_patches.py checks the list against a scan of the installed package.
-COMPILED_AT_IMPORT: tuple[tuple[str, str], ...] = tuple(
-    (module, name) for module, names in {
-        "megatron.core.activations": ("fast_gelu", "quick_gelu", "squared_relu"),
-        "megatron.core.fusions.fused_bias_dropout": ("bias_dropout_add_fused_inference",
-                                                     "bias_dropout_add_fused_train"),
-        "megatron.core.fusions.fused_bias_geglu": (
-            "bias_geglu", "bias_geglu_back", "geglu", "geglu_back", "quick_geglu", "quick_geglu_back",
-            "quick_gelu", "weighted_bias_quick_geglu", "weighted_bias_quick_geglu_back",
-            "weighted_quick_geglu", "weighted_quick_geglu_back"),
-        "megatron.core.fusions.fused_bias_gelu": ("bias_gelu", "bias_gelu_back"),
-        "megatron.core.fusions.fused_bias_swiglu": ("bias_swiglu", "bias_swiglu_back", "swiglu", "swiglu_back",
-                                                    "weighted_swiglu", "weighted_swiglu_back"),
-        "megatron.core.fusions.fused_cross_entropy": ("calculate_cross_entropy_loss", "calculate_gradients",
-                                                      "calculate_logits_max", "calculate_predicted_logits"),
-        "megatron.core.fusions.fused_pad_routing_map": ("fused_pad_routing_map",),
-        "megatron.core.fusions.fused_weighted_squared_relu": ("_squared_relu_back", "weighted_squared_relu",
-                                                              "weighted_squared_relu_back"),
-        "megatron.core.ssm.gated_delta_net": ("GatedDeltaNet._apply_gated_norm",),
-        "megatron.core.transformer.attention": ("Attention._apply_output_gate",),
-        "megatron.core.transformer.moe.router": ("TopKRouter._apply_expert_bias",),
-        "megatron.core.transformer.moe.token_dispatcher": ("MoEFlexTokenDispatcher.dispatch_preprocess",),
-        "megatron.core.transformer.torch_norm": ("L2Norm._norm",),
-        "megatron.core.transformer.utils": ("erf_gelu", "gelu_impl"),
-    }.items() for name in names)
 
 
 def compiled_functions() -> Iterator[tuple[str, str, Callable[..., Any]]]:
@@ -105,12 +77,12 @@ def jit_patches() -> list[Patch]:
     """``jit_fuser`` -> eager, and each function already compiled at import back to eager."""
     api = "megatron.core.jit.jit_fuser (torch.compile)"
     patches = [Replace("megatron.core.jit:jit_fuser", _REASON, replacement=eager,
-                       package=PACKAGE, versions=VERSIONS, action=Action.EMULATED, api=api, count_calls=False,
+                       **patch_range(),  action=Action.EMULATED, api=api, count_calls=False,
                        rebind=False)]  # the original *is* torch.compile: never re-bind torch's own name
     for module, attr in COMPILED_AT_IMPORT:
         original = _compiled_now(module, attr)
         if original is not None:  # same entry point and behaviour as the jit_fuser row of the table
             patches.append(Replace(f"{module}:{attr}", _REASON, replacement=original,
-                                   package=PACKAGE, versions=VERSIONS, action=Action.EMULATED, api=api,
+                                   **patch_range(),  action=Action.EMULATED, api=api,
                                    count_calls=False))
     return patches

@@ -31,13 +31,13 @@ from typing import Any
 
 from ...patch import Action, Add, ModuleShim, Patch, Replace, Wrap
 from ...shim import ShimModule, is_shim
-from . import PACKAGE, VERSIONS
+from .releases import patch_range
 from .jit import eager
 
 __all__ = ["GroupedGemmShims", "moe_patches"]
 
 _UTIL = "megatron.core.transformer.moe.grouped_gemm_util"
-_RANGE = {"package": PACKAGE, "versions": VERSIONS}
+_RANGE = patch_range()
 
 
 class GroupedGemmShims:

@@ -36,7 +36,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...patch import Patch, Replace
-from . import PACKAGE, VERSIONS
+from .releases import patch_range
 
 __all__ = ["build_norm", "fused_layer_norm_new", "norm_patches", "rms_norm_module"]
 
@@ -114,8 +114,8 @@ def norm_patches(backend: Any = None) -> list[Patch]:
                        "persist_layer_norm / memory_efficient_layer_norm (apex kernel choices)")
     return [Replace(
         "megatron.core.fusions.fused_layer_norm:FusedLayerNorm.__new__", fused_why,
-        replacement=staticmethod(fused_layer_norm), package=PACKAGE, versions=VERSIONS,
+        replacement=staticmethod(fused_layer_norm), **patch_range(), 
         api="megatron.core.fusions.fused_layer_norm.FusedLayerNorm", count_calls=False), Replace(
         "megatron.core.transformer.torch_norm:WrappedTorchNorm.__new__", wrapped_why,
-        replacement=staticmethod(wrapped_torch_norm), package=PACKAGE, versions=VERSIONS,
+        replacement=staticmethod(wrapped_torch_norm), **patch_range(), 
         api="megatron.core.transformer.torch_norm.WrappedTorchNorm", count_calls=False)]

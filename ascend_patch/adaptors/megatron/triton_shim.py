@@ -32,27 +32,18 @@ from typing import Any
 
 from ...errors import AscendPatchError
 from ...shim import ShimModule, is_shim
+from .releases import TRITON_IMPORTERS
 
 __all__ = ["HIDDEN_FROM", "IMPORTERS", "TRITON_NAMES", "TritonUnavailable", "build_triton_shim", "flag_for"]
 
 TRITON_NAMES: tuple[str, ...] = ("triton", "triton.language")
 
-# megatron-core 0.16 modules that import triton at module level and whose importers have no
-# fallback; tests/ops/test_triton_shim.py checks this against a scan of the installed package
-IMPORTERS: tuple[str, ...] = (
-    "megatron.core.transformer.custom_layers.batch_invariant_kernels",  # megatron/training/initialize.py
-    "megatron.core.inference.contexts.attention_context.triton.tensor_ops",  # megatron.core.ssm.mamba_mixer
-)
+# megatron-core modules that import triton at module level with no fallback (see .releases)
+IMPORTERS: tuple[str, ...] = tuple(TRITON_IMPORTERS)
 
 # libraries that probe with importlib.util.find_spec("triton") before importing it
 HIDDEN_FROM: tuple[str, ...] = ("torch", "transformers", "accelerate", "torchao", "xformers", "bitsandbytes",
                                 "liger_kernel", "kernels", "deepspeed", "vllm", "peft")
-
-# module that defines a kernel -> what asks for it (megatron-core 0.16)
-_FLAGS: dict[str, str] = {
-    IMPORTERS[0]: "--batch-invariant-mode",
-    IMPORTERS[1]: "Mamba's dynamic-inference context (megatron.core.ssm.mamba_mixer)",
-}
 
 _MACHINERY = ("importlib", "_frozen_importlib", "wrapt", "ascend_patch", "triton")
 
@@ -63,7 +54,7 @@ class TritonUnavailable(AscendPatchError, RuntimeError):
 
 def flag_for(module: str) -> str:
     """What asks for the kernels of ``module`` (the flag to turn off), or a generic phrase."""
-    return _FLAGS.get(module, "the option that selected this triton kernel")
+    return TRITON_IMPORTERS.get(module, "the option that selected this triton kernel")
 
 
 def _importer() -> str:

@@ -3,13 +3,9 @@
 Megatron-LM (``pretrain_gpt.py`` and ``megatron/training``) is not a pip distribution: it is
 a checkout on ``PYTHONPATH`` that pairs with one megatron-core release (tag ``core_v0.16.x``
 with megatron-core 0.16). Its patches therefore carry megatron-core's version range
-(:data:`PACKAGE`, :data:`VERSIONS`), checked against the installed wheel. All of them wait
+(:mod:`ascend_patch.adaptors.megatron.releases`), checked against the installed wheel. All of them wait
 for their module to be imported: nothing here imports Megatron at ``import ascend_patch``
 time. :func:`ascend_patch.adaptors.megatron.training.plugin.training_patches` declares them
 all, in one list.
 """
 
-PACKAGE = "megatron-core"
-VERSIONS = ">=0.16,<0.17"
-
-__all__ = ["PACKAGE", "VERSIONS"]

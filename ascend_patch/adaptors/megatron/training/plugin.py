@@ -12,11 +12,11 @@ from typing import Any
 
 from ....hookspec import hookimpl
 from ....patch import Action, ModuleShim, Patch, Replace, Wrap
-from . import PACKAGE, VERSIONS
+from ..releases import patch_range
 
 __all__ = ["ascend_patch_register_patches", "training_patches"]
 
-_RANGE = {"package": PACKAGE, "versions": VERSIONS}
+_RANGE = patch_range()
 
 
 def training_patches(backend: Any, settings: Any = None) -> list[Patch]:
