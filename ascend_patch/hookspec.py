@@ -73,7 +73,7 @@ class Target(Protocol):
 
 
 class PatchSink(Protocol):
-    """What ``ascend_patch_register_patches`` adds its patches to (the manager's registry)."""
+    """The manager's registry, which old-style ``ascend_patch_register_patches`` hooks add to (deprecated)."""
 
     backend: Target
     settings: Settings
@@ -107,14 +107,18 @@ class CheckpointFormat(Protocol):
 class AscendPatchSpec:
     """The hook specifications."""
 
-    @hookspec
-    def ascend_patch_register_patches(self, registry: PatchSink, backend: Target) -> None:
-        """Add patch records (:mod:`ascend_patch.patch`) with ``registry.add(patch)``.
+    @hookspec(warn_on_impl_args={"registry": DeprecationWarning(
+        "ascend_patch_register_patches(registry=...) is deprecated: return the patches instead "
+        "(registry.add/extend still work in this release)")})
+    def ascend_patch_register_patches(self, backend: Target, settings: Settings,
+                                      registry: PatchSink) -> Iterable[Patch] | None:
+        """Return the patch records (:mod:`ascend_patch.patch`) this plugin adds for ``backend``.
 
-        Called once per ``apply()``, after the target is chosen, for every plugin.
-        ``backend`` is the target; declare per-target behaviour with
-        ``Patch.backends`` or by looking at ``backend.name``. Two plugins claiming
-        one target is an error naming both.
+        Called once per ``apply()``, after the target is chosen, for every plugin. Declare
+        per-target behaviour with ``Patch.backends`` or by looking at ``backend.name``;
+        ``settings`` are the ones being applied. Two ``Wrap`` records on one target compose
+        (the one collected first is innermost; plugins are called in pluggy's order); any other
+        pair claiming one target is an error naming both plugins. ``registry`` is deprecated.
         """
 
     @hookspec

@@ -143,6 +143,10 @@ class PluginManager:
             for result in results:
                 yield impl.plugin_name, result
 
+    def record_failure(self, plugin: str, stage: str, exc: BaseException) -> None:
+        """Record that ``plugin`` failed in ``stage`` (e.g. what its hook returned could not be used)."""
+        self.failures.append(PluginFailure(plugin, self.origins.get(plugin, ""), stage, f"{type(exc).__name__}: {exc}"))
+
     def names(self) -> list[str]:
         return [name for name, plugin in self.pm.list_name_plugin() if plugin is not None]  # None: blocked
 

@@ -17,9 +17,9 @@ from ascend_patch.patch import Replace
 import json
 
 @hookimpl
-def ascend_patch_register_patches(registry, backend):
-    registry.add(Replace("json:dumps", "third-party test patch",
-                       replacement=lambda *a, **k: "patched-by-{name} on " + backend.name))
+def ascend_patch_register_patches(backend):
+    return [Replace("json:dumps", "third-party test patch",
+                    replacement=lambda *a, **k: "patched-by-{name} on " + backend.name)]
 '''
 
 
@@ -84,10 +84,9 @@ from ascend_patch.hookspec import hookimpl
 from ascend_patch.patch import Replace
 
 @hookimpl
-def ascend_patch_register_patches(registry, backend):
-    registry.add(Replace("json:no_such_function", "a target that is not there", replacement=len))
-    registry.add(Replace("json:loads", "for an old pluggy only", replacement=len,
-                       package="pluggy", versions="<0.1"))
+def ascend_patch_register_patches():
+    return [Replace("json:no_such_function", "a target that is not there", replacement=len),
+            Replace("json:loads", "for an old pluggy only", replacement=len, package="pluggy", versions="<0.1")]
 '''
 
 

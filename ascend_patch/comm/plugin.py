@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from ..hookspec import hookimpl
+from ..hookspec import Target, hookimpl
+from ..patch import Patch
 
 __all__ = ["ascend_patch_register_patches"]
 
 
 @hookimpl
-def ascend_patch_register_patches(registry: Any, backend: Any) -> None:
+def ascend_patch_register_patches(backend: Target) -> list[Patch]:
     from ..devices import DeviceMap
     from . import backend_names, collectives, env
 
-    registry.extend(backend_names.backend_name_patches(backend, DeviceMap(backend)))
-    registry.extend(env.env_patches(backend.name))
-    registry.extend(collectives.collective_patches())  # cpu only (Patch.backends)
     env.note_unmapped(backend.name)
+    return [*backend_names.backend_name_patches(backend, DeviceMap(backend)), *env.env_patches(backend.name),
+            *collectives.collective_patches()]  # the collectives: cpu only (Patch.backends)

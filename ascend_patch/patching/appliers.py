@@ -53,6 +53,8 @@ class ShimApplier:
                 continue
             finder.add(patch.target, patch.build, patch.hidden_from)
             status.state, status.detail = "applied", f"shim served while {top} is not installed"
+            if patch.hidden_from:
+                status.detail += f"; not to {', '.join(patch.hidden_from)}"
         if not finder.names():
             return []
         finder.install()

@@ -25,9 +25,22 @@ from .status import ApplyContext, PatchStatus, skip
 __all__ = ["MISSING", "AddValue", "AttributeApplier", "AttributeUndo", "ReplaceValue", "WrapValue", "counted"]
 
 MISSING: Any = object()  # an attribute that is not there
-# id -> every replacement currently installed (kept alive so ids stay unique); a value
-# found here at its target is ours already, which is what stops double wrapping.
-_LIVE: dict[int, Any] = {}
+# id -> (replacement, the patch that installed it, what it replaced) for every replacement installed now
+# (kept alive so ids stay unique). A patch finds itself down this chain at its target when it is
+# applied already, which is what stops double wrapping while two different wraps still compose.
+_LIVE: dict[int, tuple[Any, AttributePatch, Any]] = {}
+
+
+def _installed(patch: AttributePatch, current: Any) -> bool:
+    """Whether ``current`` is ours already for ``patch``: installed by it (or an equal record), by a patch
+    of another target (an alias or a re-bound copy of it), or wrapping such a value. Another wrap of the
+    same target is not: that one composes."""
+    while has_identity(current) and id(current) in _LIVE:
+        _, by, replaced = _LIVE[id(current)]
+        if by == patch or by.target != patch.target:
+            return True
+        current = replaced
+    return False
 
 
 @dataclass(eq=False)  # compared by identity; no generated __eq__ to build at import
@@ -41,7 +54,7 @@ class AttributeUndo:
     old: Any  # the owner's own value before (when had_own)
     original: Any  # what getattr returned before (for re-binding copies back)
     new: Any
-    rebound: list[tuple[dict[str, Any], str]] = field(default_factory=list)
+    rebound: list[tuple[dict[str, Any], str, Any]] = field(default_factory=list)
 
     @property
     def rebinds(self) -> bool:
@@ -155,7 +168,7 @@ class AttributeApplier:
             why, fatal = unusable
             skip(status, why, strict and fatal)
             return None
-        if current is not MISSING and has_identity(current) and id(current) in _LIVE:
+        if current is not MISSING and _installed(patch, current):
             status.state, status.detail = "skipped", "already patched (no double wrapping)"
             return None
         own = own_dict(owner)
@@ -169,7 +182,7 @@ class AttributeApplier:
             return None
         status.state, status.detail = "applied", ""
         if has_identity(new):
-            _LIVE[id(new)] = new
+            _LIVE[id(new)] = (new, patch, current)
         return AttributeUndo(status, owner, name, had_own, old, current, new)
 
     def undo(self, entries: list[AttributeUndo]) -> None:

@@ -29,7 +29,7 @@ from ..backend import Backend, Selection, select_backend, set_active_backend
 from ..config import Settings, read_settings
 from ..environ import EnvTransaction, process_environment
 from ..hookspec import Target
-from ..patch import Patch
+from ..patch import Patch, Wrap
 from ..usage import UsageRecorder, set_recorder
 from .appliers import Applier, applier_for
 from .status import ApplyContext, PatchError, PatchStatus, skip
@@ -42,6 +42,7 @@ __all__ = [
     "PatchManager",
     "PatchRegistry",
     "PatchStatus",
+    "collect",
     "manager",
 ]
 
@@ -51,18 +52,18 @@ class PatchConflict(AscendPatchError, RuntimeError):
 
 
 class PatchRegistry:
-    """What plugins add their patches to; satisfies :class:`ascend_patch.hookspec.PatchSink`.
+    """The patches of one apply, by target; satisfies :class:`ascend_patch.hookspec.PatchSink`.
 
-    ``owner`` is the plugin whose hook is running (the plugin manager says so before
-    each call); a patch without an owner gets it. Two patches claiming one target are
-    recorded in :attr:`conflicts`, naming both plugins.
+    ``owner`` is the plugin whose hook is running; a patch without an owner gets it. Wraps
+    of one target compose in the order they are added (the first is innermost); any other
+    pair claiming one target is recorded in :attr:`conflicts`, naming both plugins.
     """
 
     def __init__(self, backend: Target, settings: Settings | None = None) -> None:
         self.backend = backend
         self.settings = settings if settings is not None else Settings()
         self.owner = ""
-        self._patches: dict[str, Patch] = {}
+        self._patches: dict[str, list[Patch]] = {}
         self.conflicts: list[str] = []
 
     def add(self, patch: Patch) -> None:
@@ -72,14 +73,15 @@ class PatchRegistry:
             return
         if not patch.owner:
             patch = dataclasses.replace(patch, owner=self.owner)
-        existing = self._patches.get(patch.target)
-        if existing is not None:
+        claimed = self._patches.setdefault(patch.target, [])
+        if claimed and not (isinstance(patch, Wrap) and all(isinstance(p, Wrap) for p in claimed)):
+            existing = claimed[0]
             self.conflicts.append(
                 f"two patches claim {patch.target}: plugin {existing.owner!r} ({existing.reason}) "
-                f"and plugin {patch.owner!r} ({patch.reason}); disable one with "
+                f"and plugin {patch.owner!r} ({patch.reason}); only wraps compose; disable one with "
                 "ASCEND_PATCH_DISABLE_PLUGINS")
             return
-        self._patches[patch.target] = patch
+        claimed.append(patch)
 
     def extend(self, patches: Iterable[Patch]) -> None:
         """Add each of ``patches``."""
@@ -87,7 +89,23 @@ class PatchRegistry:
             self.add(patch)
 
     def patches(self) -> list[Patch]:
-        return list(self._patches.values())
+        """Every patch, a target's wraps innermost first."""
+        return [patch for claimed in self._patches.values() for patch in claimed]
+
+
+def collect(registry: PatchRegistry, pm: Any) -> None:
+    """Every plugin's patches for ``registry.backend`` into ``registry``, each owned by its plugin."""
+
+    def set_owner(name: str) -> None:
+        registry.owner = name
+
+    for name, patches in pm.call_each("ascend_patch_register_patches", on_plugin=set_owner,
+                                      backend=registry.backend, settings=registry.settings, registry=registry):
+        registry.owner = name
+        try:
+            registry.extend(list(patches))
+        except Exception as exc:  # a generator that raised, or a return value that is not a list of patches
+            pm.record_failure(name, "ascend_patch_register_patches", exc)
 
 
 class PatchManager:
@@ -166,13 +184,7 @@ class PatchManager:
         pm = get_plugin_manager()
         registry = PatchRegistry(backend, self.settings)
         start = len(pm.failures)
-
-        def set_owner(name: str) -> None:
-            registry.owner = name
-
-        for _ in pm.call_each("ascend_patch_register_patches", on_plugin=set_owner,
-                              registry=registry, backend=backend):
-            pass
+        collect(registry, pm)
         # plugins that failed to load, and hooks that failed in this apply (not an earlier one's)
         failures = [f for f in pm.failures[:start] if f.stage == "load"] + pm.failures[start:]
         self.plugin_failures = [str(f) for f in failures]

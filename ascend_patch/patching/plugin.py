@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from ..hookspec import PatchSink, Target, hookimpl
+from ..config import Settings
+from ..hookspec import hookimpl
+from ..patch import Patch
 
 __all__ = ["ascend_patch_register_patches"]
 
 
 @hookimpl
-def ascend_patch_register_patches(registry: PatchSink, backend: Target) -> None:
+def ascend_patch_register_patches(settings: Settings) -> list[Patch]:
     from .processes import process_patches
 
-    registry.extend(process_patches(registry.settings))
+    return process_patches(settings)

@@ -24,7 +24,7 @@ class Rebindable(Protocol):
     name: str  # the attribute patched on owner
     original: Any  # what the attribute held before (MISSING when it was added)
     new: Any
-    rebound: list[tuple[dict[str, Any], str]]
+    rebound: list[tuple[dict[str, Any], str, Any]]  # (namespace, key, the value put there)
 
     @property
     def rebinds(self) -> bool: ...
@@ -83,8 +83,11 @@ def rebind_copies(applied: Iterable[Rebindable], missing: object) -> None:
     for mod_name, d, key, undo in _holding(originals):
         if d[key] is not undo.original or d is own_dict(undo.owner):
             continue
-        d[key] = undo.new
-        undo.rebound.append((d, key))
+        new = undo.new
+        while id(new) in originals and originals[id(new)] is not undo:  # wraps of one target: the outermost
+            new = originals[id(new)].new
+        d[key] = new
+        undo.rebound.append((d, key, new))
         undo.note_rebound(f"{mod_name}.{key}")
 
 
@@ -98,12 +101,15 @@ def restore_copies(removed: Iterable[Rebindable], missing: object) -> None:
     """
     removed = list(removed)
     for undo in removed:
-        for d, key in undo.rebound:
-            if d.get(key) is undo.new:
+        for d, key, value in undo.rebound:
+            if d.get(key) is value:
                 d[key] = undo.original
     replaced = {id(u.new): u for u in removed if u.original is not missing and has_identity(u.new)}
     if not replaced:
         return
     for _, d, key, undo in _holding(replaced):
         if d[key] is undo.new and d is not own_dict(undo.owner) and (undo.rebinds or key == undo.name):
-            d[key] = undo.original
+            original = undo.original
+            while id(original) in replaced and replaced[id(original)] is not undo:  # a wrap of a wrap
+                original = replaced[id(original)].original
+            d[key] = original

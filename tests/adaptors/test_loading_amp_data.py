@@ -152,8 +152,8 @@ def flags_only_plugins():
 
     class FlagsOnly:
         @hookimpl
-        def ascend_patch_register_patches(self, registry, backend):
-            registry.extend(backend_flag_patches(backend))
+        def ascend_patch_register_patches(self, backend):
+            return backend_flag_patches(backend)
 
     pm = plugins.PluginManager(entry_points=False, builtins=False)
     pm.register(FlagsOnly(), "flags", origin="test")

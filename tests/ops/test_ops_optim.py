@@ -227,19 +227,8 @@ def test_the_fused_fallback_patch_is_registered_for_npu_only():
 
     from ascend_patch.ops import plugin
 
-    class Registry:
-        def __init__(self):
-            self.patches = []
-
-        def add(self, p):
-            self.patches.append(p)
-
-        def extend(self, ps):
-            self.patches.extend(ps)
-
-    reg = Registry()
-    plugin.ascend_patch_register_patches(registry=reg, backend=types.SimpleNamespace(name="npu", kernels=None))
-    (patch,) = [p for p in reg.patches if p.target == "torch.optim:Adam.__init__"]
+    patches = plugin.ascend_patch_register_patches(backend=types.SimpleNamespace(name="npu", kernels=None))
+    (patch,) = [p for p in patches if p.target == "torch.optim:Adam.__init__"]
     assert patch.backends == frozenset({"npu"}) and patch.wrapper is O.fused_optimizer_fallback
 
 

@@ -133,9 +133,9 @@ def test_a_shim_can_stay_hidden_from_some_importers(cpu_settings):
 
     class Plugin:
         @hookimpl
-        def ascend_patch_register_patches(self, registry, backend):
-            registry.add(ModuleShim("ap_hidden_shim", "test", make=lambda name: ShimModule(name),
-                                    hidden_from=("ap_importer",)))
+        def ascend_patch_register_patches(self):
+            return [ModuleShim("ap_hidden_shim", "test", make=lambda name: ShimModule(name),
+                               hidden_from=("ap_importer",))]
 
     pm = plugins.PluginManager(entry_points=False, builtins=False)
     pm.register(Plugin(), "t", origin="test")

@@ -25,8 +25,8 @@ class _Plugin:
         self.patches = patches
 
     @hookimpl
-    def ascend_patch_register_patches(self, registry, backend):
-        registry.extend(self.patches)
+    def ascend_patch_register_patches(self):
+        return self.patches
 
 
 @pytest.fixture
@@ -232,10 +232,68 @@ def test_conflict_names_both_plugins(isolated, target):
     assert not manager.active
 
 
+def test_two_wraps_of_one_target_compose_in_plugin_order_and_unwind_by_identity(isolated, target):
+    from ascend_patch.patching.attributes import _LIVE
+
+    original = target.f
+    user = _module("ap_user", f=target.f)  # a copy made before the patch
+
+    def tag(label):
+        return lambda wrapped, instance, args, kwargs: (label, wrapped(*args, **kwargs))
+
+    isolated("inner", Wrap("ap_target:f", "first wrap", wrapper=tag("inner")))
+    isolated("outer", Wrap("ap_target:f", "second wrap", wrapper=tag("outer")))
+    report = apply_cpu()
+    order = [s.patch.owner for s in report.statuses if s.patch.target == "ap_target:f"]
+    # pluggy calls the newest plugin first, so its wrap is collected first and sits innermost
+    assert order == ["outer", "inner"]
+    assert [s.state for s in report.statuses] == ["applied", "applied"]
+    assert target.f(3) == ("inner", ("outer", ("original", 3)))
+    assert user.f is target.f  # the copy follows the outermost wrap
+    assert str(report).count("ap_target.f") == 2  # both rows in the table
+    ascend_patch.apply(Settings(device="cpu", report="1"))  # a re-apply with new settings starts over
+    assert target.f(3) == ("inner", ("outer", ("original", 3)))
+    ascend_patch.remove()
+    assert target.f is original and user.f is original
+    assert not any(id(v) == id(target.f) for v, _, _ in _LIVE.values())
+
+
+def test_a_wrap_and_a_replace_of_one_target_conflict(isolated, target):
+    isolated("first", Wrap("ap_target:f", "a wrap", wrapper=lambda w, i, a, k: w(*a, **k)))
+    isolated("second", Replace("ap_target:f", "a replacement", replacement=len))
+    with pytest.raises(PatchConflict, match="only wraps compose"):
+        apply_cpu()
+
+
+def test_an_old_style_plugin_still_adds_through_the_registry_with_a_deprecation_warning(isolated, target):
+    class OldStyle:
+        @hookimpl
+        def ascend_patch_register_patches(self, registry, backend):
+            registry.add(Replace("ap_target:f", "old style", replacement=lambda x: ("old", backend.name)))
+
+    with pytest.warns(DeprecationWarning, match="return the patches instead"):
+        plugins.get_plugin_manager().register(OldStyle(), "old", origin="test")
+    report = apply_cpu()
+    assert target.f(0) == ("old", "cpu") and report.rows("applied")[0].patch.owner == "old"
+
+
+def test_a_hook_returning_something_else_than_patches_fails_its_plugin_only(isolated, target):
+    class Junk:
+        @hookimpl
+        def ascend_patch_register_patches(self):
+            return 42
+
+    plugins.get_plugin_manager().register(Junk(), "junk", origin="junkdist")
+    isolated("good", Replace("ap_target:f", "test", replacement=lambda x: "good"))
+    with pytest.warns(UserWarning, match="plugin 'junk' \\(distribution junkdist\\).*TypeError"):
+        report = apply_cpu()
+    assert target.f(0) == "good" and any("junk" in f for f in report.plugin_failures)
+
+
 def test_broken_plugin_does_not_stop_the_others(isolated, target):
     class Broken:
         @hookimpl
-        def ascend_patch_register_patches(self, registry, backend):
+        def ascend_patch_register_patches(self):
             raise RuntimeError("boom")
 
     plugins.get_plugin_manager().register(Broken(), "broken", origin="brokendist")
@@ -249,7 +307,7 @@ def test_broken_plugin_does_not_stop_the_others(isolated, target):
 def test_strict_makes_a_plugin_failure_fatal(isolated, target):
     class Broken:
         @hookimpl
-        def ascend_patch_register_patches(self, registry, backend):
+        def ascend_patch_register_patches(self):
             raise RuntimeError("boom")
 
     plugins.get_plugin_manager().register(Broken(), "broken", origin="brokendist")

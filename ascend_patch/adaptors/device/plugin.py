@@ -2,28 +2,23 @@
 
 from __future__ import annotations
 
-from ...hookspec import PatchSink, Target, hookimpl
+from ...config import Settings
+from ...hookspec import Target, hookimpl
+from ...patch import Patch
 
 __all__ = ["ascend_patch_register_patches"]
 
 
 @hookimpl
-def ascend_patch_register_patches(registry: PatchSink, backend: Target) -> None:
+def ascend_patch_register_patches(backend: Target, settings: Settings) -> list[Patch]:
+    from ...devices import DeviceMap
     from . import (accelerator, amp, backend_flags, cuda_namespace, data, data_parallel, environment, factories,
                    generator, legacy, loading, tensors)
-    from ...devices import DeviceMap
 
-    settings = registry.settings
     dmap = DeviceMap(backend)
-    registry.extend(environment.environment_patches())
-    registry.extend(cuda_namespace.cuda_namespace_patches(backend, settings))
-    registry.extend(accelerator.accelerator_patches(backend, settings, dmap))
-    registry.extend(factories.factory_patches(dmap))
-    registry.extend(tensors.tensor_patches(backend, dmap))
-    registry.extend(loading.load_patches(dmap))
-    registry.extend(generator.generator_patches(dmap))
-    registry.extend(amp.amp_patches(backend, dmap))
-    registry.extend(data.data_patches(backend))
-    registry.extend(data_parallel.data_parallel_patches(backend, dmap))
-    registry.extend(legacy.legacy_patches(backend, dmap))
-    registry.extend(backend_flags.backend_flag_patches(backend))
+    return [*environment.environment_patches(), *cuda_namespace.cuda_namespace_patches(backend, settings),
+            *accelerator.accelerator_patches(backend, settings, dmap), *factories.factory_patches(dmap),
+            *tensors.tensor_patches(backend, dmap), *loading.load_patches(dmap), *generator.generator_patches(dmap),
+            *amp.amp_patches(backend, dmap), *data.data_patches(backend),
+            *data_parallel.data_parallel_patches(backend, dmap), *legacy.legacy_patches(backend, dmap),
+            *backend_flags.backend_flag_patches(backend)]

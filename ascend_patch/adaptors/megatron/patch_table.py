@@ -38,20 +38,19 @@ def _stand_in_backends() -> list[Any]:
 
 
 def _collect(backend: Any) -> list[Any]:
+    import dataclasses
+
+    from ...config import Settings
     from ...plugins import PluginManager
-    from ...patching.manager import PatchRegistry
 
     pm = PluginManager(entry_points=False)
-    registry = PatchRegistry(backend)
-
-    def set_owner(name: str) -> None:
-        registry.owner = name
-
-    for _ in pm.call_each("ascend_patch_register_patches", on_plugin=set_owner, registry=registry, backend=backend):
-        pass
+    found = [dataclasses.replace(patch, owner=name)
+             for name, patches in pm.call_each("ascend_patch_register_patches", backend=backend, settings=Settings(),
+                                               registry=None)
+             for patch in patches if backend.name in patch.backends]
     if pm.failures:
         raise RuntimeError("; ".join(str(f) for f in pm.failures))
-    return registry.patches()
+    return found
 
 
 def _is_megatron(patch: Any) -> bool:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...hookspec import PatchSink, Target, hookimpl
+from ...hookspec import Target, hookimpl
+from ...patch import Patch
 
 __all__ = ["ascend_patch_register_patches", "megatron_patches"]
 
@@ -28,5 +29,5 @@ def megatron_patches(backend: Any) -> list[Any]:
 
 
 @hookimpl
-def ascend_patch_register_patches(registry: PatchSink, backend: Target) -> None:
-    registry.extend(megatron_patches(backend))
+def ascend_patch_register_patches(backend: Target) -> list[Patch]:
+    return megatron_patches(backend)

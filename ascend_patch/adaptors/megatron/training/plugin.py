@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ....hookspec import hookimpl
+from ....config import Settings
+from ....hookspec import Target, hookimpl
 from ....patch import Action, ModuleShim, Patch, Replace, Wrap
 from ..releases import patch_range
 
@@ -76,5 +77,5 @@ def training_patches(backend: Any, settings: Any = None) -> list[Patch]:
 
 
 @hookimpl
-def ascend_patch_register_patches(registry: Any, backend: Any) -> None:
-    registry.extend(training_patches(backend, getattr(registry, "settings", None)))
+def ascend_patch_register_patches(backend: Target, settings: Settings) -> list[Patch]:
+    return training_patches(backend, settings)
