@@ -188,3 +188,52 @@ def test_a_megatron_version_range_is_written_once():
     with open(os.path.join(REPO, "pyproject.toml"), encoding="utf-8") as f:
         wanted = re.findall(r'"megatron-core([^"]*)"', f.read())
     assert wanted and all(spec == releases.SUPPORTED or spec.startswith("==") for spec in wanted), wanted
+
+
+def _folder(module: str, depth: int) -> str:
+    """The folder ``module`` lives in, ``depth`` levels below the package (a top-level module is its own)."""
+    parts = module.split(".")[1:]
+    return ".".join(parts[:depth]) if len(parts) > depth else ".".join(parts[:-1] or parts)
+
+
+def test_the_rooms_keep_to_themselves():
+    edges = _imports(_modules())
+    assert ("ascend_patch.patching.manager", "ascend_patch.backend") in edges  # the reader reads
+
+    def crossing(src: str, dst: str) -> list[str]:
+        return sorted(f"{where}: {a} imports {b}" for (a, b), where in edges.items()
+                      if a.startswith(f"ascend_patch.{src}") and b.startswith(f"ascend_patch.{dst}"))
+
+    assert crossing("ops", "adaptors") == [] and crossing("comm", "adaptors") == []
+    assert crossing("patching", "adaptors") == [] and crossing("adaptors", "patching") == []
+    assert crossing("adaptors.device", "adaptors.megatron") == []
+    assert crossing("adaptors.megatron", "adaptors.device") == []
+
+
+def test_no_circle_between_folders():
+    edges = _imports(_modules())
+    for depth in (1, 2, 3):
+        folders = {(_folder(a, depth), _folder(b, depth)) for a, b in edges}
+        folders = {(a, b) for a, b in folders if a != b and not (b.startswith(a + ".") or a.startswith(b + "."))}
+        assert _cycles(folders) == [], f"folders import each other round a circle at depth {depth}"
+
+
+def test_architecture_md_names_every_folder_and_only_folders_that_exist():
+    with open(os.path.join(REPO, "docs", "architecture.md"), encoding="utf-8") as f:
+        text = f.read()
+    tree = re.search(r"## Layers\n\n```\n(.*?)```", text, re.S)
+    assert tree, "docs/architecture.md lost its layout tree"
+    named, stack = set(), []
+    for line in tree.group(1).splitlines()[1:]:
+        m = re.match(r"(\s*)(\w+)/\s", line + " ")
+        if not m:
+            continue
+        level = len(m.group(1)) // 2
+        stack[level - 1:] = [m.group(2)]
+        named.add("/".join(stack[:level]))
+    assert {"patching", "adaptors/device", "adaptors/megatron/te"} <= named  # the tree was read
+    folders = {os.path.relpath(d, PACKAGE).replace(os.sep, "/") for d, _, files in os.walk(PACKAGE)
+               if "__init__.py" in files and d != PACKAGE}
+    family = {f for f in folders if f.startswith("models/") and f.count("/") == 1}  # one folder per family
+    assert named - folders == set(), f"docs/architecture.md names folders that do not exist: {sorted(named - folders)}"
+    assert folders - family - named == set(), f"add these folders to docs/architecture.md: {sorted(folders - family - named)}"
