@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["AscendPatchError", "Finding", "FindingError"]
+__all__ = ["AscendPatchError", "Finding", "FindingError", "UnsupportedSetting"]
 
 
 class AscendPatchError(Exception):
@@ -48,3 +48,7 @@ class FindingError(AscendPatchError, ValueError):
     @property
     def code(self) -> str:
         return self.finding.code
+
+
+class UnsupportedSetting(AscendPatchError, ValueError):
+    """A setting (a flag, a config field) the target cannot run; the message names it and what to use."""

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...errors import UnsupportedSetting
 from ...patch import Patch, Replace
 from .releases import patch_range
 
@@ -58,7 +59,7 @@ def build_norm(cls: Any, config: Any, hidden_size: int, eps: float = 1e-5, persi
     import torch
 
     if getattr(config, "layernorm_zero_centered_gamma", False) or zero_centered_gamma:
-        raise ValueError(
+        raise UnsupportedSetting(
             "layernorm_zero_centered_gamma is not supported by megatron-core's torch norm on this target "
             "(it stores gamma - 1); set layernorm_zero_centered_gamma=False (--apply-layernorm-1p off)")
     kind = config.normalization
@@ -71,7 +72,7 @@ def build_norm(cls: Any, config: Any, hidden_size: int, eps: float = 1e-5, persi
 
         norm = L2Norm(hidden_size=hidden_size, eps=eps)
     else:
-        raise ValueError(f"normalization={kind!r} is not supported; use LayerNorm, RMSNorm or L2Norm")
+        raise UnsupportedSetting(f"normalization={kind!r} is not supported; use LayerNorm, RMSNorm or L2Norm")
     if config.sequence_parallel:
         for param in norm.parameters():
             param.sequence_parallel = True  # finalize_model_grads all-reduces these over TP

@@ -13,6 +13,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from ....errors import UnsupportedSetting
+
 __all__ = ["import_module"]
 
 
@@ -44,6 +46,7 @@ def import_module(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: di
 
     family = resolve_spec(name)  # an unknown name raises, listing the known ones
     if family.layer_spec is None:
-        raise ValueError(f"--spec {name}: the {family.name} family has no megatron-core layer spec "
-                         "(it only converts checkpoints)")
+        raise UnsupportedSetting(f"--spec {name}: the {family.name} family has no megatron-core layer spec "
+                                 "(it only converts checkpoints); give --spec a family that builds models, or "
+                                 "Megatron's 'module attribute' form")
     return family.layer_spec(_run_args())
