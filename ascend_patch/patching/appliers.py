@@ -1,11 +1,4 @@
-"""The appliers, found by the record's type (the manager never asks a record for a kind).
-
-An applier says whether a patch waits for an import (:meth:`Applier.waits_for`),
-applies a batch of patches (:meth:`Applier.apply`, returning its undo entries) and
-undoes its entries (:meth:`Applier.undo`, newest first). Environment variables are the
-exception to per-applier undo entries: they are written through the environment
-transaction the manager shares with backend selection, and restored with it.
-"""
+"""The appliers, found by the record's type (the manager never asks a record for a kind)."""
 
 from __future__ import annotations
 
@@ -23,6 +16,10 @@ __all__ = ["Applier", "EnvApplier", "ShimApplier", "applier_for"]
 
 
 class Applier(Protocol):
+    """What the manager asks of an applier. Environment variables are the exception to per-applier undo
+    entries: they are written through the environment transaction the manager shares with backend
+    selection, and restored with it."""
+
     def waits_for(self, patch: Any) -> str | None:
         """The module whose import the patch waits for, or None to apply it now."""
         ...

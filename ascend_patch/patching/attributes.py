@@ -1,12 +1,4 @@
-"""The applier of the attribute patches: Replace, Add and Wrap.
-
-A target ``"module:attr.path"`` is resolved without binding (``wrapt.resolve_path`` walks
-to the owner); every change is an :class:`AttributeUndo` that restores the original by
-identity, deleting an attribute that was only inherited. A value this module installed
-is recognised at its target, so a second apply never wraps twice. By-value copies of
-each original are re-bound (``rebind.py``), and with reporting on, calls of the new
-value count as uses of the CUDA API (:func:`counted`).
-"""
+"""The applier of the attribute patches (Replace, Add, Wrap): install, undo by identity, no double wrap."""
 
 from __future__ import annotations
 
@@ -124,6 +116,10 @@ class WrapValue(ReplaceValue):
 
 class AttributeApplier:
     """Applies Replace, Add and Wrap patches once their module is imported.
+
+    A target ``"module:attr.path"`` is resolved without binding (:func:`resolve`); every
+    change is an :class:`AttributeUndo`; copies of each original are re-bound
+    (``rebind.py``), and with reporting on, calls of the new value count as uses (:func:`counted`).
 
     One applier serves the three record types, so that a batch re-binds copies in one
     pass over ``sys.modules`` (and ``remove()`` puts them back in one); what differs

@@ -1,19 +1,4 @@
-"""The patch manager: collects patch records from the plugins, applies, defers and undoes them.
-
-* Each record type has its applier (``appliers.py``): attribute patches (Replace, Add,
-  Wrap) wait for their module's import, shims and environment variables apply at once.
-* Targets are resolved without importing anything: a patch whose module is not
-  imported yet waits for it through a wrapt post-import hook.
-* Every change is an undo entry; :meth:`PatchManager.remove` restores each original by
-  identity (deleting attributes that were only inherited), removes shim modules,
-  restores the environment transaction and re-binds copies back.
-* By-value copies of an original (``from torch.cuda import current_device`` made
-  before patching) are re-bound in every imported module, and the status says where.
-* A missing target or a package version out of range is recorded as skipped with
-  the reason, a plugin whose hook raises is reported and the others still apply (both
-  fatal with ``ASCEND_PATCH_STRICT=1``); two patches claiming one target
-  raise :class:`PatchConflict` naming both.
-"""
+"""The patch manager: collects patch records from the plugins, applies, defers and undoes them."""
 
 from __future__ import annotations
 
@@ -109,7 +94,21 @@ def collect(registry: PatchRegistry, pm: Any) -> None:
 
 
 class PatchManager:
-    """Applies and removes the patch set of one process. Use the module's :data:`manager`."""
+    """Applies and removes the patch set of one process. Use the module's :data:`manager`.
+
+    * Each record type has its applier (``appliers.py``): attribute patches (Replace, Add,
+      Wrap) wait for their module's import, shims and environment variables apply at once.
+    * Targets are resolved without importing anything: a patch whose module is not
+      imported yet waits for it through a wrapt post-import hook.
+    * Every change is an undo entry; :meth:`remove` restores each original by identity
+      (deleting attributes that were only inherited), removes shim modules, restores the
+      environment transaction and re-binds copies back.
+    * By-value copies of an original (``from torch.cuda import current_device`` made
+      before patching) are re-bound in every imported module, and the status says where.
+    * A missing target or a package version out of range is recorded as skipped with
+      the reason, a plugin whose hook raises is reported and the others still apply (both
+      fatal with ``ASCEND_PATCH_STRICT=1``); a conflict raises :class:`PatchConflict`.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.RLock()

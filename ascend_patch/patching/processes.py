@@ -1,20 +1,4 @@
-"""Child processes started with ``torch.multiprocessing.spawn`` or multiprocessing's ``spawn`` are patched too.
-
-Spawned children are fresh interpreters: the worker function is wrapped in a
-picklable entry point that applies ascend_patch (with the parent's settings)
-before calling it. A child of multiprocessing's ``spawn`` start method (a ``Process``, a
-``Manager``, a ``Pool``; megatron-core's torch_dist checkpoint writer starts one) first
-re-imports the parent's main script, *before* anything it was given runs: its command
-line applies ascend_patch with the parent's settings first, so that import finds what the
-parent found (Megatron-LM's ``pretrain_gpt.py`` imports megatron-core modules that need the
-patch to import at all). Launchers that start their own Python children can rely on
-``ASCEND_PATCH_AUTOLOAD=1`` instead (the installed ``.pth`` file honours it).
-
-``torch.multiprocessing.spawn(fn, nprocs=N)`` on one node is a local world of N: its
-children are started with ``nprocs`` in their environment, so on the cpu target they see
-N virtual devices from their first line on (``set_device(rank)`` works, as on a node
-with N GPUs), and each labels its migration report ``mp.spawn process i of N``.
-"""
+"""Children a patched process starts (``mp.spawn``, multiprocessing's ``spawn``) are patched too."""
 
 from __future__ import annotations
 
@@ -66,6 +50,17 @@ def _nprocs(wrapped: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
 
 
 def process_patches(settings: Settings) -> list[Patch]:
+    """The two patches that carry ``settings`` into child interpreters.
+
+    ``mp.spawn``: the worker function is wrapped in a picklable :class:`PatchedEntry`
+    that applies ascend_patch before calling it; on one node ``nprocs`` is the children's
+    local world, so on the cpu target they see that many virtual devices from their first
+    line on and label their report ``mp.spawn process i of N``. multiprocessing's ``spawn``
+    start method (a ``Process``, ``Manager`` or ``Pool``; megatron-core's torch_dist writer
+    starts one) re-imports the parent's main script before anything it was given runs:
+    its command line applies ascend_patch first, so that import finds what the parent found.
+    Launchers that start their own Python children rely on ``ASCEND_PATCH_AUTOLOAD=1``.
+    """
     def start_processes(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         nprocs = _nprocs(wrapped, args, kwargs)
         if args and not isinstance(args[0], PatchedEntry):

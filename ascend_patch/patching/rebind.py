@@ -1,9 +1,4 @@
-"""By-value copies of a patched attribute in other modules: re-bound on apply, put back on remove.
-
-``from torch.cuda import current_device`` made before patching holds the original; the
-manager points such copies at the replacement (and says where), and on ``remove()``
-points them back, together with copies of a replacement made while patched.
-"""
+"""By-value copies of a patched attribute in other modules: re-bound on apply, put back on remove."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""The migration report: the patch table and the CUDA APIs the program used.
-
-``ascend_patch.report()`` returns a :class:`Report`; ``str(report)`` is the table.
-With ``ASCEND_PATCH_REPORT=1`` (or ``--report``) it is printed at exit (rank 0 only;
-``all`` prints it on every rank).
-"""
+"""The migration report: the patch table and the CUDA APIs the program used."""
 
 from __future__ import annotations
 
@@ -35,7 +30,11 @@ def _table(headers: list[str], rows: list[list[str]], limits: dict[int, int] | N
 
 @dataclass
 class Report:
-    """A snapshot of the patch manager's state and the recorded API uses."""
+    """A snapshot of the patch manager's state and the recorded API uses.
+
+    ``ascend_patch.report()`` returns one; ``str(report)`` is the table. With
+    ``ASCEND_PATCH_REPORT=1`` it is printed at exit on rank 0 (``all``: on every rank).
+    """
 
     target: str | None
     reason: str

@@ -1,16 +1,4 @@
-"""Shim modules: importable stand-ins for CUDA-only packages that are not installed.
-
-A shim is served by a finder placed at the *end* of ``sys.meta_path``, so an
-installed package is always found first and never shadowed. Its spec says what
-it is (``importlib.util.find_spec("flash_attn").origin`` names ascend_patch), a
-name the shim does not provide raises :class:`ShimMissing` naming the API and
-what to use instead, and :meth:`ShimFinder.uninstall` removes every shim module.
-
-A shim can be hidden from some packages (``ModuleShim.hidden_from``): imports made by
-their code do not find it, and a small guard at the *front* of ``sys.meta_path``
-drops cached copies from ``sys.modules`` whenever one of those packages starts
-importing a module, so a shim imported earlier by user code does not leak to them.
-"""
+"""Shim modules: importable stand-ins for CUDA-only packages that are not installed."""
 
 from __future__ import annotations
 
@@ -73,7 +61,16 @@ class _HiddenGuard(importlib.abc.MetaPathFinder):
 
 
 class ShimFinder(importlib.abc.MetaPathFinder):
-    """Serves registered shims for module names no other finder could find."""
+    """Serves registered shims for module names no other finder could find.
+
+    It sits at the *end* of ``sys.meta_path``, so an installed package is always found first.
+    A shim's spec says what it is (``find_spec("flash_attn").origin`` names ascend_patch), a
+    name it lacks raises :class:`ShimMissing` naming the API and what to use instead, and
+    :meth:`uninstall` removes every shim module. A shim hidden from some packages
+    (``ModuleShim.hidden_from``) is not found by their imports, and a guard at the *front* of
+    ``sys.meta_path`` drops cached copies whenever one of them starts importing, so a shim
+    user code imported earlier does not leak to them.
+    """
 
     def __init__(self) -> None:
         self._builders: dict[str, Callable[[str], types.ModuleType]] = {}

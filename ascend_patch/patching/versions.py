@@ -1,9 +1,4 @@
-"""Package version checks for patches that name a package and a version range.
-
-A patch's ``versions`` is a PEP 440 specifier, decided as packaging decides it; the
-installed version of its ``package`` is read once per ``apply()`` (reading METADATA
-costs milliseconds, and dozens of patches name the same package).
-"""
+"""Package version checks for patches that name a package and a version range (PEP 440)."""
 
 from __future__ import annotations
 
@@ -36,7 +31,11 @@ def _installed_version(package: str) -> str | None:
 
 
 def version_problem(patch: Patch) -> str | None:
-    """Why ``patch`` must be skipped on the installed version of its package, or None."""
+    """Why ``patch`` must be skipped on the installed version of its package, or None.
+
+    The installed version is read once per ``apply()``: reading METADATA costs milliseconds,
+    and dozens of patches name the same package.
+    """
     if patch.package is None:
         return None
     installed = _installed_version(patch.package)
