@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from ..backend import current_target
 from .attention_block import block_backward, block_forward, merge
 from .attention_npu import compressed_causal_mask, npu_supports
 
@@ -68,13 +69,16 @@ def _torch_attend(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, d
     return out.transpose(1, 2)
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, dropout: float = 0.0,
-           kernels: Any = None) -> Tensor:
+def attend(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, dropout: float = 0.0) -> Tensor:
     """Attention of q (b, sq, h, d) over k, v (b, sk, g, d); causal is bottom-right aligned.
 
-    On ``npu_fusion_attention`` where ``kernels`` has it and the shapes are within its limits, else SDPA.
+    On ``npu_fusion_attention`` where the current target has it and the shapes are within its limits, else SDPA.
     """
-    kernel = kernels.get("npu_fusion_attention") if kernels is not None else None
+    return _attend(q, k, v, causal, scale, dropout, current_target().kernels)
+
+
+def _attend(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, dropout: float, kernels: Any) -> Tensor:
+    kernel = kernels.get("npu_fusion_attention")
     if kernel is not None and npu_supports(q, k):
         return _npu_attend(kernel, q, k, v, causal, scale, dropout)
     return _torch_attend(q, k, v, causal, scale, dropout)
@@ -121,8 +125,8 @@ def _all_gather_attention(q: Tensor, k: Tensor, v: Tensor, group: Any, causal: b
     parts = []
     for local, index in enumerate(load_balanced_chunks(rank, world)):
         end = (index + 1) * chunk if causal else k.shape[1]
-        parts.append(attend(q[:, local * chunk:(local + 1) * chunk], k[:, :end], v[:, :end], causal, scale, dropout,
-                            kernels))
+        parts.append(_attend(q[:, local * chunk:(local + 1) * chunk], k[:, :end], v[:, :end], causal, scale, dropout,
+                             kernels))
     return torch.cat(parts, dim=1)
 
 
@@ -174,7 +178,7 @@ def _a2a_attention(q: Tensor, k: Tensor, v: Tensor, group: Any, chunks: Sequence
     order = _sequence_order(chunks)
     inverse = sorted(range(len(order)), key=lambda i: order[i])
     q, k, v = (_reorder(t, order, len(chunks)) for t in (q, k, v))
-    out = attend(q, k, v, causal, scale, dropout, kernels)
+    out = _attend(q, k, v, causal, scale, dropout, kernels)
     return _AllToAll.apply(_reorder(out, inverse, len(chunks)), group, 1, 2)
 
 
@@ -286,10 +290,8 @@ def _gathered_layout(group: Any, mine: tuple[int, ...]) -> tuple[tuple[int, ...]
     cached = _LAYOUTS.get(key)
     if cached is None:
         world = dist.get_world_size(group)
-        from ..backend import active_backend
-
-        backend = active_backend()  # hccl needs device tensors, gloo host ones: the target's device is right
-        local = torch.tensor(mine, dtype=torch.int64, device=backend.device() if backend is not None else "cpu")
+        # hccl needs device tensors, gloo host ones: the target's device is right
+        local = torch.tensor(mine, dtype=torch.int64, device=current_target().device())
         bufs = [torch.empty_like(local) for _ in range(world)]
         dist.all_gather(bufs, local, group=group)
         cached = tuple(tuple(int(x) for x in b.tolist()) for b in bufs)
@@ -301,7 +303,7 @@ _LAYOUTS: dict[tuple[Any, ...], tuple[tuple[int, ...], ...]] = {}
 
 
 def context_parallel_attention(q: Tensor, k: Tensor, v: Tensor, *, comm_type: str, group: Any, causal: bool,
-                               scale: float, dropout: float = 0.0, kernels: Any = None,
+                               scale: float, dropout: float = 0.0,
                                global_ranks: Sequence[int] | None = None) -> Tensor:
     """Attention over the whole sequence from this rank's load-balanced share; returns this rank's share.
 
@@ -309,6 +311,7 @@ def context_parallel_attention(q: Tensor, k: Tensor, v: Tensor, *, comm_type: st
     megatron's hierarchical CP groups, with ``global_ranks`` the global ranks of the whole CP
     group in CP-rank order.
     """
+    kernels = current_target().kernels  # read once: the ring's backward runs on the kernels of its forward
     comm_type = comm_type or "p2p"
     if comm_type not in COMM_TYPES:
         raise ValueError(f"cp_comm_type={comm_type!r} is not one of {', '.join(COMM_TYPES)}")

@@ -29,6 +29,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..backend import current_target
+
 __all__ = ["grouped_matmul", "group_sizes"]
 
 KERNEL = "npu_grouped_matmul"
@@ -186,7 +188,7 @@ def _group_list(sizes: list[int], x: Tensor) -> Tensor:
 
 
 def grouped_matmul(x: Tensor, weights: Tensor | Sequence[Tensor], sizes: Any, *, trans_b: bool = False,
-                   accumulate_wgrad: bool = False, backend: Any = None) -> Tensor:
+                   accumulate_wgrad: bool = False) -> Tensor:
     """``x[rows of g] @ W_g`` for each group g, differentiable; returns ``[M, N]``.
 
     ``x`` is ``[M, K]``; ``weights`` a ``[G, K, N]`` tensor or G ``[K, N]`` matrices (``[.., N, K]``
@@ -209,5 +211,5 @@ def grouped_matmul(x: Tensor, weights: Tensor | Sequence[Tensor], sizes: Any, *,
     if any(w.dtype != x.dtype for w in ws):
         raise ValueError(f"grouped matmul: x is {x.dtype} but the weights are {ws[0].dtype}; cast one of them")
     values = group_sizes(sizes, groups, x.shape[0])
-    kernel = backend.kernels.get(KERNEL) if backend is not None else None
+    kernel = current_target().kernels.get(KERNEL)
     return _GroupedMatmul.apply(x, values, trans_b, kernel, accumulate_wgrad, *ws)

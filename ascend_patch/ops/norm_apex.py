@@ -22,6 +22,7 @@ from .norm import (
     _ln_forward,
     _rms_backward,
     _rms_forward,
+    _rms_kernel,
     _shape,
     _stats_view,
     fused_layer_norm,
@@ -46,8 +47,6 @@ __all__ = [
 
 class FusedLayerNorm(torch.nn.Module):
     """``apex.normalization.FusedLayerNorm(normalized_shape, eps=1e-5, elementwise_affine=True, memory_efficient=False)``."""
-
-    backend: Any = None  # the shim binds its target here
 
     def __init__(self, normalized_shape: Shape, eps: float = 1e-5, elementwise_affine: bool = True,
                  memory_efficient: bool = False) -> None:
@@ -82,17 +81,12 @@ class FusedLayerNorm(torch.nn.Module):
 class FusedRMSNorm(torch.nn.Module):
     """``apex.normalization.FusedRMSNorm(normalized_shape, eps=1e-5, elementwise_affine=True, memory_efficient=False)``.
 
-    ``backend=`` selects the target's kernel (the shim binds it); state dict key ``weight``
-    like ``torch.nn.RMSNorm``.
+    ``npu_rms_norm`` where the current target has it; state dict key ``weight`` like ``torch.nn.RMSNorm``.
     """
 
-    backend: Any = None
-
     def __init__(self, normalized_shape: Shape, eps: float = 1e-5, elementwise_affine: bool = True,
-                 memory_efficient: bool = False, *, backend: Any = None) -> None:
+                 memory_efficient: bool = False) -> None:
         super().__init__()
-        if backend is not None:
-            self.backend = backend
         self.normalized_shape = torch.Size(_shape(normalized_shape))
         self.eps = eps
         self.elementwise_affine = elementwise_affine
@@ -109,9 +103,8 @@ class FusedRMSNorm(torch.nn.Module):
 
     def forward(self, input: Tensor) -> Tensor:
         if self.elementwise_affine:
-            return fused_rms_norm_affine(input, self.weight, self.normalized_shape, self.eps, self.memory_efficient,
-                                         backend=self.backend)
-        return fused_rms_norm(input, self.normalized_shape, self.eps, self.memory_efficient, backend=self.backend)
+            return fused_rms_norm_affine(input, self.weight, self.normalized_shape, self.eps, self.memory_efficient)
+        return fused_rms_norm(input, self.normalized_shape, self.eps, self.memory_efficient)
 
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
@@ -153,7 +146,7 @@ class MixedFusedRMSNorm(FusedRMSNorm):
 
     def forward(self, input: Tensor) -> Tensor:
         return mixed_dtype_fused_rms_norm_affine(input, self.weight, self.normalized_shape, self.eps,
-                                                 self.memory_efficient, backend=self.backend)
+                                                 self.memory_efficient)
 
 
 class FastLayerNorm(torch.nn.Module):
@@ -179,8 +172,8 @@ class FastLayerNorm(torch.nn.Module):
 
 # -- the fused_layer_norm_cuda extension's functions ----------------------------------------
 
-def cuda_module_functions(backend: Any = None) -> dict[str, Any]:
-    """``fused_layer_norm_cuda``'s functions (``forward_affine`` -> (out, mean, invvar), ...), bound to ``backend``."""
+def cuda_module_functions() -> dict[str, Any]:
+    """``fused_layer_norm_cuda``'s functions (``forward_affine`` -> (out, mean, invvar), ...) on the current target."""
 
     def flat(t: Tensor) -> Tensor:
         return t.reshape(-1)
@@ -212,16 +205,16 @@ def cuda_module_functions(backend: Any = None) -> dict[str, Any]:
                             memory_efficient, (True, False, False))[0]
 
     def rms_forward_affine(input: Tensor, normalized_shape: Shape, gamma: Tensor, epsilon: float) -> list[Tensor]:
-        out, rstd = _rms_forward(input, _shape(normalized_shape), gamma, epsilon, input.dtype, backend)
+        out, rstd = _rms_forward(input, _shape(normalized_shape), gamma, epsilon, input.dtype, _rms_kernel())
         return [out, flat(rstd)]
 
     def rms_forward_affine_mixed_dtypes(input: Tensor, normalized_shape: Shape, gamma: Tensor,
                                         epsilon: float) -> list[Tensor]:
-        out, rstd = _rms_forward(input, _shape(normalized_shape), gamma, epsilon, gamma.dtype, backend)
+        out, rstd = _rms_forward(input, _shape(normalized_shape), gamma, epsilon, gamma.dtype, _rms_kernel())
         return [out, flat(rstd)]
 
     def rms_forward(input: Tensor, normalized_shape: Shape, epsilon: float) -> list[Tensor]:
-        out, rstd = _rms_forward(input, _shape(normalized_shape), None, epsilon, input.dtype, backend)
+        out, rstd = _rms_forward(input, _shape(normalized_shape), None, epsilon, input.dtype, _rms_kernel())
         return [out, flat(rstd)]
 
     def rms_backward_affine(dout: Tensor, invvar: Tensor, input_or_output: Tensor, normalized_shape: Shape,

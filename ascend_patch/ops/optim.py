@@ -13,9 +13,8 @@
 
 The update itself is :func:`.multi_tensor.adam_update` / :func:`.multi_tensor.sgd_update`:
 torch's fused Adam / SGD kernel where it computes apex's update exactly, a foreach fp32 path
-otherwise. The kernel comes from the backend's kernel table (npu: torch's ops, which torch_npu
-registers for npu tensors), or is torch's own cpu kernel on the cpu target; each class takes
-``backend=`` (the shims bind their target, like the norm modules).
+otherwise. The kernel comes from the current target's kernel table, read at each step (npu: torch's
+ops, which torch_npu registers for npu tensors), or is torch's own cpu kernel on the cpu target.
 """
 
 from __future__ import annotations
@@ -65,14 +64,10 @@ def _check_dtype(p: Tensor, cls: str) -> None:
 class ApexFusedAdam(torch.optim.Optimizer):
     """``apex.optimizers.FusedAdam`` (a drop-in for ``torch.optim.AdamW``, or ``Adam`` with ``adam_w_mode=False``)."""
 
-    backend: Any = None  # the shim binds its target here
-
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, bias_correction: bool = True,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, adam_w_mode: bool = True,
                  weight_decay: float = 0.0, amsgrad: bool = False, set_grad_none: bool = True,
-                 capturable: bool = False, master_weights: bool = False, *, backend: Any = None) -> None:
-        if backend is not None:
-            self.backend = backend
+                 capturable: bool = False, master_weights: bool = False) -> None:
         if amsgrad:
             raise RuntimeError("FusedAdam does not support the AMSGrad variant; use torch.optim.Adam(amsgrad=True)")
         if master_weights and not capturable:
@@ -136,7 +131,7 @@ class ApexFusedAdam(torch.optim.Optimizer):
             beta1, beta2 = group["betas"]
             adam_update(g, p, m, v, lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"], step=group["step"],
                         adam_w_mode=bool(self.adam_w_mode), bias_correction=bool(group["bias_correction"]),
-                        weight_decay=group["weight_decay"], backend=self.backend)
+                        weight_decay=group["weight_decay"])
         return loss
 
 
@@ -144,14 +139,10 @@ class ApexFusedSGD(torch.optim.Optimizer):
     """``apex.optimizers.FusedSGD``: torch SGD's update, plus ``wd_after_momentum`` and amp's grad scale."""
 
     _name = "apex.optimizers.FusedSGD"
-    backend: Any = None  # the shim binds its target here
 
     def __init__(self, params: Iterable[Any], lr: Any = required, momentum: float = 0.0, dampening: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False, wd_after_momentum: bool = False,
-                 materialize_master_grads: bool = True, set_grad_none: bool = False, *,
-                 backend: Any = None) -> None:
-        if backend is not None:
-            self.backend = backend
+                 materialize_master_grads: bool = True, set_grad_none: bool = False) -> None:
         if lr is not required and lr < 0.0:
             raise ValueError(f"Invalid learning rate: {lr}")
         if momentum < 0.0:
@@ -213,7 +204,7 @@ class ApexFusedSGD(torch.optim.Optimizer):
                 sgd_update([p.grad for p in params], params, momentums, wd=group["weight_decay"],
                            momentum=group["momentum"], dampening=group["dampening"], lr=group["lr"],
                            nesterov=group["nesterov"], first_run=first_run, wd_after_momentum=self.wd_after_momentum,
-                           scale=1.0 / self.most_recent_scale, backend=self.backend)
+                           scale=1.0 / self.most_recent_scale)
             for p in group["params"]:
                 if p.grad is not None:
                     _check_dtype(p, self._name)
@@ -229,19 +220,16 @@ class TEFusedSGD(ApexFusedSGD):
 
     def __init__(self, params: Iterable[Any], lr: Any = required, momentum: float = 0.0, dampening: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False, *, wd_after_momentum: bool = False,
-                 materialize_master_grads: bool = True, set_grad_none: bool | None = None,
-                 backend: Any = None) -> None:
+                 materialize_master_grads: bool = True, set_grad_none: bool | None = None) -> None:
         if set_grad_none is not None:
             warnings.warn("set_grad_none kwarg in FusedSGD constructor is deprecated. "
                           "Use set_to_none kwarg in zero_grad instead.", DeprecationWarning, stacklevel=2)
         super().__init__(params, lr, momentum, dampening, weight_decay, nesterov, wd_after_momentum,
-                         materialize_master_grads, bool(set_grad_none), backend=backend)
+                         materialize_master_grads, bool(set_grad_none))
 
 
 class TEFusedAdam(torch.optim.Optimizer):
     """``transformer_engine.pytorch.optimizers.FusedAdam`` with fp32 master weights and fp32/bf16 moments."""
-
-    backend: Any = None  # the shim binds its target here
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0, amsgrad: bool = False, *,
@@ -249,9 +237,7 @@ class TEFusedAdam(torch.optim.Optimizer):
                  master_weights: bool = False, master_weight_dtype: torch.dtype = torch.float32,
                  exp_avg_dtype: torch.dtype = torch.float32, exp_avg_sq_dtype: torch.dtype = torch.float32,
                  use_decoupled_grad: bool = False, store_param_remainders: bool = False,
-                 set_grad_none: bool | None = None, backend: Any = None) -> None:
-        if backend is not None:
-            self.backend = backend
+                 set_grad_none: bool | None = None) -> None:
         name = "transformer_engine.pytorch.optimizers.FusedAdam"
         if amsgrad:
             raise RuntimeError("FusedAdam does not support the AMSGrad variant; use torch.optim.Adam(amsgrad=True)")
@@ -396,7 +382,7 @@ class TEFusedAdam(torch.optim.Optimizer):
             beta1, beta2 = group["betas"]
             common = dict(lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"], step=group["step"],
                           adam_w_mode=bool(self.adam_w_mode), bias_correction=bool(group["bias_correction"]),
-                          weight_decay=group["weight_decay"], backend=self.backend)
+                          weight_decay=group["weight_decay"])
             if half[0]:
                 adam_update(*half[:4], masters=half[4] if self.master_weights else None, **common)
             if full[0]:

@@ -5,7 +5,7 @@ at the end of ``sys.meta_path``), marks it as a shim (``find_spec(...).origin`` 
 ascend_patch) and deletes it on ``remove()``. A name a shim lacks fails with an error
 naming it and what to use instead.
 
-:class:`ShimCatalog` builds the adapted objects once per apply, bound to the backend, so
+:class:`ShimCatalog` builds the adapted objects once per apply (they read the target at call time), so
 ``apex.optimizers.FusedAdam is apex.optimizers.fused_adam.FusedAdam``. (The ``transformer_engine``
 shim exists for megatron-core: :mod:`ascend_patch.adaptors.megatron.te`.)
 """
@@ -13,12 +13,11 @@ shim exists for megatron-core: :mod:`ascend_patch.adaptors.megatron.te`.)
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from typing import Any
 
 from ..shim import SHIM_INIT, ShimModule
 
-__all__ = ["SHIM_NAMES", "ShimCatalog", "bound_to", "named_class", "shim_module", "shim_patches"]
+__all__ = ["SHIM_NAMES", "ShimCatalog", "named_class", "shim_module", "shim_patches"]
 
 # every module name a shim is served under (parents before children)
 SHIM_NAMES: tuple[str, ...] = (
@@ -74,16 +73,8 @@ _ROTARY_HINTS = {
     "apply_rotary_emb_kv_": "call apply_rotary_emb on k",
     "*": "the shim provides apply_rotary_emb, apply_rotary_emb_func, apply_rotary_emb_torch and rotate_half",
 }
-def bound_to(fn: Callable[..., Any], backend: Any) -> Callable[..., Any]:
-    @functools.wraps(fn)
-    def call(*args: Any, **kwargs: Any) -> Any:
-        return fn(*args, backend=backend, **kwargs)
-
-    return call
-
-
-def named_class(base: type, name: str, module: str, **attrs: Any) -> type:
-    return type(base)(name, (base,), {"__module__": module, "__qualname__": name, **attrs})
+def named_class(base: type, name: str, module: str) -> type:
+    return type(base)(name, (base,), {"__module__": module, "__qualname__": name})
 
 
 def shim_module(name: str, doc: str, hints: dict[str, str], attrs: dict[str, Any],
@@ -104,56 +95,46 @@ def shim_module(name: str, doc: str, hints: dict[str, str], attrs: dict[str, Any
 
 
 class ShimCatalog:
-    """The adapted objects of every shim, built once and bound to one backend."""
-
-    def __init__(self, backend: Any) -> None:
-        self.backend = backend
+    """The adapted objects of every shim, built once per apply (ops read the target at call time)."""
 
     @functools.cached_property
     def apex_optimizers(self) -> dict[str, Any]:
         from . import optim
 
-        bind = {"backend": self.backend}
-        return {"FusedAdam": named_class(optim.ApexFusedAdam, "FusedAdam", "apex.optimizers.fused_adam", **bind),
-                "FusedSGD": named_class(optim.ApexFusedSGD, "FusedSGD", "apex.optimizers.fused_sgd", **bind)}
+        return {"FusedAdam": named_class(optim.ApexFusedAdam, "FusedAdam", "apex.optimizers.fused_adam"),
+                "FusedSGD": named_class(optim.ApexFusedSGD, "FusedSGD", "apex.optimizers.fused_sgd")}
 
     @functools.cached_property
     def apex_norm_modules(self) -> dict[str, Any]:
         from . import norm_apex
 
         mod = "apex.normalization.fused_layer_norm"
-        bind = {"backend": self.backend}
-        return {name: named_class(getattr(norm_apex, name), name, mod, **bind)
+        return {name: named_class(getattr(norm_apex, name), name, mod)
                 for name in ("FusedLayerNorm", "MixedFusedLayerNorm", "FusedRMSNorm", "MixedFusedRMSNorm")}
 
     @functools.cached_property
     def apex_norm_functional(self) -> dict[str, Any]:
         from . import norm
 
-        out: dict[str, Any] = {name: getattr(norm, name) for name in (
+        return {name: getattr(norm, name) for name in (
             "FusedLayerNormAffineFunction", "FusedLayerNormAffineMixedDtypesFunction", "FusedLayerNormFunction",
             "FusedRMSNormAffineFunction", "FusedRMSNormAffineMixedDtypesFunction", "FusedRMSNormFunction",
-            "fused_layer_norm_affine", "fused_layer_norm", "mixed_dtype_fused_layer_norm_affine")}
-        for name in ("fused_rms_norm_affine", "fused_rms_norm", "mixed_dtype_fused_rms_norm_affine"):
-            out[name] = bound_to(getattr(norm, name), self.backend)
-        return out
+            "fused_layer_norm_affine", "fused_layer_norm", "mixed_dtype_fused_layer_norm_affine",
+            "fused_rms_norm_affine", "fused_rms_norm", "mixed_dtype_fused_rms_norm_affine")}
 
     @functools.cached_property
     def multi_tensor(self) -> dict[str, Any]:
         from . import multi_tensor as mt
 
-        # the optimizer steps take torch's fused kernels from the backend; the others need no kernel
-        out = {name: getattr(mt, name) for name in ("multi_tensor_scale", "multi_tensor_l2norm", "multi_tensor_axpby")}
-        for name in ("multi_tensor_adam", "multi_tensor_adam_capturable", "multi_tensor_adam_capturable_master",
-                     "multi_tensor_sgd"):
-            out[name] = bound_to(getattr(mt, name), self.backend)
-        return out
+        return {name: getattr(mt, name) for name in (
+            "multi_tensor_scale", "multi_tensor_l2norm", "multi_tensor_axpby", "multi_tensor_adam",
+            "multi_tensor_adam_capturable", "multi_tensor_adam_capturable_master", "multi_tensor_sgd")}
 
     @functools.cached_property
     def flash(self) -> dict[str, Any]:
         from . import attention
 
-        return {name: bound_to(getattr(attention, name), self.backend) for name in (
+        return {name: getattr(attention, name) for name in (
             "flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func", "flash_attn_varlen_func",
             "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func", "flash_attn_with_kvcache")}
 
@@ -161,14 +142,8 @@ class ShimCatalog:
     def rotary(self) -> dict[str, Any]:
         from . import rope
 
-        fused = bound_to(rope.apply_rotary_emb, self.backend)
-
-        def apply_rotary_emb_torch(x: Any, cos: Any, sin: Any, interleaved: bool = False) -> Any:
-            """flash-attn's pure-torch reference: x (b, s, h, d), cos/sin (s, rd/2)."""
-            return rope.apply_rotary_emb(x, cos, sin, interleaved)
-
-        return {"apply_rotary_emb": fused, "apply_rotary_emb_func": fused,
-                "apply_rotary_emb_torch": apply_rotary_emb_torch, "rotate_half": rope.rotate_half}
+        return {"apply_rotary_emb": rope.apply_rotary_emb, "apply_rotary_emb_func": rope.apply_rotary_emb,
+                "apply_rotary_emb_torch": rope.apply_rotary_emb_torch, "rotate_half": rope.rotate_half}
 
     # -- builders: name -> module ------------------------------------------------------------
 
@@ -241,7 +216,7 @@ class ShimCatalog:
 
         return shim_module(name, "apex's layer/RMS norm extension functions", {
             "*": "the shim provides forward/backward(_affine), rms_forward/rms_backward(_affine) and the "
-                 "*_mixed_dtypes forwards"}, norm_apex.cuda_module_functions(self.backend))
+                 "*_mixed_dtypes forwards"}, norm_apex.cuda_module_functions())
 
     def _flash_attn(self, name: str) -> ShimModule:
         mod = shim_module(name, "flash-attn 2's API on the target", _FLASH_HINTS, dict(self.flash),
@@ -260,10 +235,10 @@ class ShimCatalog:
 
 
 def shim_patches(backend: Any) -> list[Any]:
-    """MODULE patches serving every shim in :data:`SHIM_NAMES`, bound to ``backend``."""
+    """MODULE patches serving every shim in :data:`SHIM_NAMES` (``backend`` decides the reported action)."""
     from ..patch import Action, ModuleShim
 
-    catalog = ShimCatalog(backend)
+    catalog = ShimCatalog()
     action = Action.TRANSLATED if backend.name == "npu" else Action.EMULATED
     return [ModuleShim(target=name, make=catalog.build, action=action,
                        reason=f"{name.split('.')[0]} is CUDA-only; serve ascend_patch's adapted {name} while it is "

@@ -16,12 +16,13 @@ Public functions for other adaptors: :func:`swiglu`, :func:`bias_swiglu`, :func:
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
 from torch.nn import functional as F
+
+from ..backend import current_target
 
 __all__ = [
     "bias_gelu",
@@ -30,8 +31,8 @@ __all__ = [
 ]
 
 
-def _kernel(backend: Any) -> Any:
-    return backend.kernels.get("npu_swiglu") if backend is not None else None
+def _kernel() -> Any:
+    return current_target().kernels.get("npu_swiglu")
 
 
 class _BiasSwiGLUFn(torch.autograd.Function):
@@ -74,9 +75,9 @@ class _BiasSwiGLUFn(torch.autograd.Function):
         return grad, (grad if ctx.has_bias else None), None, None
 
 
-def swiglu(x: Tensor, dim: int = -1, *, backend: Any = None) -> Tensor:
+def swiglu(x: Tensor, dim: int = -1) -> Tensor:
     """``silu(first half) * second half`` of ``x`` along ``dim``, differentiable."""
-    kernel = _kernel(backend)
+    kernel = _kernel()
     if kernel is not None:
         return kernel(x, dim=dim)
     if dim not in (-1, x.dim() - 1):
@@ -86,14 +87,14 @@ def swiglu(x: Tensor, dim: int = -1, *, backend: Any = None) -> Tensor:
 
 
 def bias_swiglu(input: Tensor, bias: Tensor | None, fp8_input_store: bool = False,
-                cpu_offload_input: bool = False, *, backend: Any = None) -> Tensor:
+                cpu_offload_input: bool = False) -> Tensor:
     """``swiglu(input + bias)`` over the last dim with megatron's memory options."""
-    kernel = _kernel(backend)
+    kernel = _kernel()
     if kernel is not None and not fp8_input_store and not cpu_offload_input:
         return kernel(input if bias is None else input + bias, dim=-1)
     return _BiasSwiGLUFn.apply(input, bias, fp8_input_store, cpu_offload_input)
 
 
-def bias_gelu(input: Tensor, bias: Tensor | None, *, backend: Any = None) -> Tensor:
+def bias_gelu(input: Tensor, bias: Tensor | None) -> Tensor:
     """Tanh-approximated GeLU of ``input + bias`` (megatron's ``bias_gelu``), differentiable."""
     return F.gelu(input if bias is None else input + bias, approximate="tanh")

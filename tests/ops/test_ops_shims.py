@@ -93,7 +93,14 @@ def test_shims_are_the_adapted_objects(no_real_packages, patched, seeded):
     noop = torch.zeros(1, dtype=torch.int)
     norm, _ = multi_tensor_applier(amp_C.multi_tensor_l2norm, noop, [[torch.full((4,), 3.0)]], False)
     assert norm.item() == pytest.approx(6.0) and noop.item() == 0
-    assert apex.normalization.FusedRMSNorm(8).backend is not None  # bound to the target
+    from npu_references import CallLog, reference_npu_rms_norm
+
+    from ascend_patch.backend import current_target
+
+    log = CallLog(reference_npu_rms_norm)
+    with current_target().kernels.override(npu_rms_norm=log):
+        apex.normalization.FusedRMSNorm(8)(torch.randn(2, 8))
+    assert len(log.calls) == 1  # the active target's kernel, read when the norm runs
 
 
 def test_a_real_package_is_never_shadowed(tmp_path, monkeypatch, cpu_settings):

@@ -41,24 +41,19 @@ _RANGE = patch_range()
 
 
 class GroupedGemmShims:
-    """The ``grouped_gemm`` shim package and its ``ops`` module, built once and bound to a backend."""
+    """The ``grouped_gemm`` shim package and its ``ops`` module, built once per apply."""
 
     NAMES = ("grouped_gemm", "grouped_gemm.ops")
     _HINTS = {"*": "the shim provides grouped_gemm.ops.gmm(a, b, batch_sizes, trans_b=False) only; "
                    "permute/unpermute/sinkhorn are megatron-core's own (moe_utils) on this target"}
 
-    def __init__(self, backend: Any) -> None:
-        self.backend = backend
-
     @functools.cached_property
     def ops(self) -> ShimModule:
         from ...ops.grouped_gemm import grouped_matmul
 
-        backend = self.backend
-
         def gmm(a: Any, b: Any, batch_sizes: Any, trans_b: bool = False) -> Any:
             """grouped_gemm's ``gmm``: rows of ``a`` grouped by ``batch_sizes``, group g times ``b[g]``."""
-            return grouped_matmul(a, b, batch_sizes, trans_b=trans_b, backend=backend)
+            return grouped_matmul(a, b, batch_sizes, trans_b=trans_b)
 
         module = ShimModule("grouped_gemm.ops", "ascend_patch shim for grouped_gemm.ops: gmm on the target",
                             self._HINTS)
@@ -120,7 +115,7 @@ def _ours(found: Any) -> bool:
 
 def moe_patches(backend: Any) -> list[Patch]:
     """The MoE patches for ``backend``: the grouped_gemm shim and megatron-core's MoE entry points."""
-    shims = GroupedGemmShims(backend)
+    shims = GroupedGemmShims()
     action = Action.TRANSLATED if backend.name == "npu" else Action.EMULATED
     missing = "grouped_gemm is CUDA-only; serve ascend_patch's grouped GEMM while it is not installed"
     patches = [ModuleShim(name, missing, make=shims.build, action=action, api=name)

@@ -112,9 +112,7 @@ def _ops(_catalog: Any) -> dict[str, Any]:
 def _permutation(catalog: Any) -> dict[str, Any]:
     from . import permutation
 
-    # permute / unpermute take the target's kernels (torch_npu's on npu); the chunk sorts need none
-    return {name: catalog.bound(getattr(permutation, name)) if name in permutation.ON_TARGET
-            else getattr(permutation, name) for name in permutation.__all__}
+    return {name: getattr(permutation, name) for name in permutation.__all__}
 
 
 def _router(_catalog: Any) -> dict[str, Any]:

@@ -181,7 +181,6 @@ class DotProductAttention(TEModule):
 
     def _batched(self, q: Tensor, k: Tensor, v: Tensor, mask: Any, mask_type: str, window: tuple[int, int] | None,
                  dropout: float) -> Tensor:
-        backend = self.backend
         cp = _group_size(self.cp_group)
         explicit = mask_type == "arbitrary" or (mask_type.startswith("padding") and mask is not None)
         if cp > 1:
@@ -193,13 +192,12 @@ class DotProductAttention(TEModule):
 
             return context_parallel_attention(q, k, v, comm_type=self.cp_comm_type, group=self.cp_group,
                                               causal="causal" in mask_type, scale=self.softmax_scale,
-                                              dropout=dropout, kernels=backend.kernels if backend else None,
-                                              global_ranks=self.cp_global_ranks)
+                                              dropout=dropout, global_ranks=self.cp_global_ranks)
         if explicit:
             return self._masked(q, k, v, mask, mask_type, dropout)
         left, right = self._band(mask_type, window, q.shape[1], k.shape[1])
         out, _ = attention_bshd(q, k, v, dropout_p=dropout, scale=self.softmax_scale, left=left, right=right,
-                                backend=backend, api="DotProductAttention")
+                                api="DotProductAttention")
         return out
 
     def _masked(self, q: Tensor, k: Tensor, v: Tensor, mask: Any, mask_type: str, dropout: float) -> Tensor:
@@ -230,5 +228,5 @@ class DotProductAttention(TEModule):
         if "causal" in mask_type:
             right = 0  # per sequence, every packed sequence has as many queries as keys
         out, _ = attention_varlen(q, k, v, cu_q, cu_kv, dropout_p=dropout, scale=self.softmax_scale, left=left,
-                                  right=right, backend=self.backend, api="DotProductAttention")
+                                  right=right, api="DotProductAttention")
         return out.reshape(out.shape[0], -1)

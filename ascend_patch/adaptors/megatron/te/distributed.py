@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from ....backend import current_target
+
 __all__ = [
     "CudaRNGStatesTracker",
     "activation_recompute_forward",
@@ -30,17 +32,12 @@ _PHASE = {"region": False, "recompute": False}
 class CudaRNGStatesTracker:
     """Named RNG states of the target's device; ``fork(name)`` runs a block on one of them."""
 
-    backend: Any = None  # the shim binds its target here
-
     def __init__(self) -> None:
         self.states_: dict[str, torch.Tensor] = {}
         self.seeds_: set[int] = set()
 
     def _module(self) -> Any:
-        if self.backend is None:
-            raise RuntimeError("CudaRNGStatesTracker is not bound to a target; import it from the "
-                               "transformer_engine shim of a process patched by ascend_patch")
-        return self.backend.device_module
+        return current_target().device_module
 
     def reset(self) -> None:
         """Forget every state."""

@@ -80,7 +80,7 @@ class GroupedLinear(TEModule):
         self.fp8 = self.fp8_calibration = self.primary_weights_in_fp8 = False
         self.fp8_meta: dict[str, Any] = {"fp8_checkpoint": False, "recipe": None}
         dtype = params_dtype or torch.get_default_dtype()
-        where = target_device(device, self.backend)
+        where = target_device(device)
         init = init_method if init_method is not None else default_init_method
         for i in range(num_gemms):
             weight = torch.nn.Parameter(torch.empty(out_features, in_features, dtype=dtype, device=where))
@@ -127,7 +127,7 @@ class GroupedLinear(TEModule):
         else:
             accumulate = False
         x = inp.reshape(-1, self.in_features)
-        out = grouped_matmul(x, weights, m_splits, trans_b=True, accumulate_wgrad=accumulate, backend=self.backend)
+        out = grouped_matmul(x, weights, m_splits, trans_b=True, accumulate_wgrad=accumulate)
         if self.apply_bias:
             counts = torch.as_tensor(list(m_splits) if not isinstance(m_splits, Tensor) else m_splits,
                                      device=out.device)

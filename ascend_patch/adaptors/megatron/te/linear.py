@@ -97,7 +97,7 @@ class _ParallelLinear(TEModule):
                                  f"tensor-parallel size {self.tp_size}")
             setattr(self, split, full // self.tp_size)
         dtype = params_dtype or torch.get_default_dtype()
-        where = target_device(device, self.backend)
+        where = target_device(device)
         self.weight = torch.nn.Parameter(torch.empty(self.out_features, self.in_features, dtype=dtype, device=where))
         init = init_method if init_method is not None else default_init_method
         if where.type != "meta":
@@ -223,7 +223,7 @@ class LayerNormLinear(_ParallelLinear):
         self.return_layernorm_output = return_layernorm_output
         sp = tp_size_of(tp_group, tp_size) > 1 and bool(sequence_parallel)
         norm_parameters(self, normalization, in_features, prefix="layer_norm_", zero_centered_gamma=zero_centered_gamma,
-                        sequence_parallel=sp, dtype=params_dtype, device=target_device(device, self.backend))
+                        sequence_parallel=sp, dtype=params_dtype, device=target_device(device))
         self._setup_linear("LayerNormLinear", in_features, out_features, sequence_parallel=sequence_parallel,
                            fuse_wgrad_accumulation=fuse_wgrad_accumulation, tp_group=tp_group, tp_size=tp_size,
                            get_rng_state_tracker=get_rng_state_tracker, rng_tracker_name=rng_tracker_name,
@@ -235,6 +235,6 @@ class LayerNormLinear(_ParallelLinear):
         if fp8_output or fp8_grad:
             raise fp8_unavailable("transformer_engine.pytorch.LayerNormLinear(fp8_output/fp8_grad=True)")
         ln_out = apply_norm(inp, self.normalization, self.layer_norm_weight, self.layer_norm_bias, self.eps,
-                            self.zero_centered_gamma, self.backend)
+                            self.zero_centered_gamma)
         out = self._gemm(ln_out)
         return self._outputs(out, ln_out) if self.return_layernorm_output else self._outputs(out)

@@ -22,8 +22,8 @@ On npu, ``moe_permute`` / ``moe_permute_with_probs`` / ``moe_unpermute`` call to
 ``npu_moe_token_permute`` / ``npu_moe_token_unpermute`` from the backend's kernel table where the
 kernels' documented limits hold (every token routed to the same number of experts, float16 /
 bfloat16 / float32): see :mod:`.permutation_npu`, which also records why it stepped aside
-elsewhere. The chunk sorts have no torch_npu kernel and stay split / cat on both targets. The shim
-binds each function to the target it was built for (``backend``).
+elsewhere. The chunk sorts have no torch_npu kernel and stay split / cat on both targets. Each function
+reads the target at call time.
 """
 
 from __future__ import annotations
@@ -32,14 +32,12 @@ from typing import Any
 
 import torch
 
+from ....backend import current_target
 from . import permutation_npu as npu
 from ._common import refuse
 
 __all__ = ["moe_permute", "moe_permute_with_probs", "moe_sort_chunks_by_index",
            "moe_sort_chunks_by_index_with_probs", "moe_unpermute"]
-
-# the functions that take the target's kernels (the shim binds ``backend``)
-ON_TARGET = frozenset({"moe_permute", "moe_permute_with_probs", "moe_unpermute"})
 
 
 def _check_map_type(api: str, map_type: str) -> None:
@@ -63,19 +61,17 @@ def _row_id_map(routing_map: torch.Tensor, token_ids: torch.Tensor, expert_ids: 
     return rows
 
 
-def _kernels(backend: Any) -> Any:
-    return backend.kernels if backend is not None else None
 
 
 def moe_permute(inp: torch.Tensor, routing_map: torch.Tensor, num_out_tokens: Any = -1, max_token_num: int = -1,
-                map_type: str = "mask", *, backend: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+                map_type: str = "mask") -> tuple[torch.Tensor, torch.Tensor]:
     """Group ``inp``'s rows ``[tokens, hidden]`` by expert; returns ``(permuted, row_id_map)``.
 
     ``num_out_tokens`` is the number of selected (token, expert) pairs megatron computed; the
     routing map already holds exactly those (dropped tokens are cleared, padded ones set).
     """
     _check_map_type("permutation.moe_permute", map_type)
-    fused = npu.permute(_kernels(backend), inp, routing_map, None, num_out_tokens, "moe_permute")
+    fused = npu.permute(current_target().kernels, inp, routing_map, None, num_out_tokens, "moe_permute")
     if fused is not None:
         return fused[0], fused[2]
     _, token_ids, expert_ids = _expert_major(routing_map)
@@ -83,10 +79,9 @@ def moe_permute(inp: torch.Tensor, routing_map: torch.Tensor, num_out_tokens: An
 
 
 def moe_permute_with_probs(inp: torch.Tensor, probs: torch.Tensor, routing_map: torch.Tensor,
-                           num_out_tokens: Any = -1, *, backend: Any = None
-                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                           num_out_tokens: Any = -1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`moe_permute` that also permutes ``probs`` ``[tokens, experts]``: ``(permuted, probs, row_id_map)``."""
-    fused = npu.permute(_kernels(backend), inp, routing_map, probs, num_out_tokens, "moe_permute_with_probs")
+    fused = npu.permute(current_target().kernels, inp, routing_map, probs, num_out_tokens, "moe_permute_with_probs")
     if fused is not None:
         return fused  # type: ignore[return-value]  (probs given: permuted probs are a tensor)
     mask, token_ids, expert_ids = _expert_major(routing_map)
@@ -96,13 +91,13 @@ def moe_permute_with_probs(inp: torch.Tensor, probs: torch.Tensor, routing_map: 
 
 def moe_unpermute(inp: torch.Tensor, row_id_map: torch.Tensor, merging_probs: torch.Tensor | None = None,
                   restore_shape: Any = None, map_type: str = "mask",
-                  probs: torch.Tensor | None = None, *, backend: Any = None) -> torch.Tensor:
+                  probs: torch.Tensor | None = None) -> torch.Tensor:
     """Sum each token's permuted rows back into place, weighted by ``merging_probs[token, expert]`` if given."""
     _check_map_type("permutation.moe_unpermute", map_type)
     if merging_probs is None:
         merging_probs = probs  # TE's older name of the argument
     if npu.is_kernel_map(row_id_map):  # made by the kernel: only its own layout undoes it
-        return npu.unpermute(_kernels(backend), inp, row_id_map, merging_probs, restore_shape)
+        return npu.unpermute(current_target().kernels, inp, row_id_map, merging_probs, restore_shape)
     tokens, _ = row_id_map.shape
     _, token_ids, expert_ids = _expert_major(row_id_map >= 0)  # rows were numbered in this order
     hidden = inp.shape[-1]

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import functools
 import sys
-from collections.abc import Callable
 from typing import Any
 
-from ....ops.shims import ShimCatalog, bound_to, named_class, shim_module
+from ....ops.shims import ShimCatalog, named_class, shim_module
 from ....shim import ShimModule
 from . import SURFACE, surface
 
@@ -55,11 +54,10 @@ def te_hidden_from() -> tuple[str, ...]:
 
 
 class TECatalog:
-    """The TE layer's objects, built once per apply and bound to one backend (one class per name)."""
+    """The TE layer's objects, built once per apply (one class per name)."""
 
-    def __init__(self, backend: Any) -> None:
-        self.backend = backend
-        self.ops = ShimCatalog(backend)  # TE's optimizers share apex's multi-tensor ops
+    def __init__(self) -> None:
+        self.ops = ShimCatalog()  # TE's optimizers share apex's multi-tensor ops
         self._classes: dict[str, type] = {}
 
     @functools.cached_property
@@ -68,25 +66,19 @@ class TECatalog:
         from ....ops import optim
 
         mod = "transformer_engine.pytorch.optimizers"
-        bind = {"backend": self.backend}
-        return {"FusedAdam": named_class(optim.TEFusedAdam, "FusedAdam", f"{mod}.fused_adam", **bind),
-                "FusedSGD": named_class(optim.TEFusedSGD, "FusedSGD", f"{mod}.fused_sgd", **bind),
+        return {"FusedAdam": named_class(optim.TEFusedAdam, "FusedAdam", f"{mod}.fused_adam"),
+                "FusedSGD": named_class(optim.TEFusedSGD, "FusedSGD", f"{mod}.fused_sgd"),
                 "MultiTensorApply": mt.TEMultiTensorApply, "multi_tensor_applier": mt.te_multi_tensor_applier,
                 "multi_tensor_scale": mt.multi_tensor_scale, "multi_tensor_l2norm": mt.multi_tensor_l2norm,
                 "multi_tensor_adam": self.ops.multi_tensor["multi_tensor_adam"],
                 "multi_tensor_sgd": self.ops.multi_tensor["multi_tensor_sgd"]}
 
-    def bound(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        """``fn`` called with ``backend=`` this catalog's backend."""
-        return bound_to(fn, self.backend)
-
     def te_bound(self, cls: type, name: str, module: str) -> type:
-        """``cls`` as the shim's class ``name``, bound to this catalog's backend (one class per name per apply)."""
-        bound = self._classes.get(name)
-        if bound is None:
-            attr = "_bound_backend" if "_bound_backend" in dir(cls) else "backend"
-            bound = self._classes[name] = named_class(cls, name, module, **{attr: self.backend})
-        return bound
+        """``cls`` as the shim's class ``name`` in ``module`` (one class per name per apply)."""
+        named = self._classes.get(name)
+        if named is None:
+            named = self._classes[name] = named_class(cls, name, module)
+        return named
 
     def build(self, name: str) -> ShimModule:
         """The shim module called ``name`` (one of :data:`SURFACE`)."""
@@ -105,10 +97,10 @@ class TECatalog:
 
 
 def te_shim_patches(backend: Any) -> list[Any]:
-    """MODULE patches serving every module of :data:`SURFACE`, bound to ``backend``."""
+    """MODULE patches serving every module of :data:`SURFACE` (``backend`` decides the reported action)."""
     from ....patch import Action, ModuleShim
 
-    catalog = TECatalog(backend)
+    catalog = TECatalog()
     action = Action.TRANSLATED if backend.name == "npu" else Action.EMULATED
     hidden = te_hidden_from()
     reason = ("transformer_engine is CUDA-only; serve ascend_patch's adapted {} while it is not installed (not to "
