@@ -121,7 +121,8 @@ def apply_rotary_emb(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = Fa
 
 
 def apply_rotary_emb_torch(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = False) -> Tensor:
-    """flash-attn's pure-torch reference ``apply_rotary_emb_torch``: x (b, s, h, d), cos/sin (s, rd/2); torch on every target."""
+    """flash-attn's pure-torch reference ``apply_rotary_emb_torch``: x (b, s, h, d), cos/sin (s, rd/2); torch
+    on every target."""
     return _apply_rotary_emb(None, x, cos, sin, interleaved, False, 0, None)
 
 
