@@ -7,11 +7,17 @@ here lets each of them import it without importing the others.
 from __future__ import annotations
 from .errors import AscendPatchError
 
-__all__ = ["UnsupportedOnTarget", "unsupported"]
+__all__ = ["UnsupportedOnTarget", "UnsupportedOption", "unsupported"]
 
 
 class UnsupportedOnTarget(AscendPatchError, RuntimeError):
     """A CUDA API that the target cannot provide; the message names the API and the target."""
+
+
+class UnsupportedOption(AscendPatchError, NotImplementedError):
+    """An option of a stock API (flash-attn, apex, Transformer Engine) that ascend_patch's adaptor does not
+    implement; the message names the option and what to do instead. Still a NotImplementedError, what code
+    written against such an API (and its tests) catches."""
 
 
 def unsupported(api: str, why: str, target: str) -> UnsupportedOnTarget:

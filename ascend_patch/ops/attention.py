@@ -35,6 +35,7 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from ..backend import current_target
+from ..unsupported import UnsupportedOption
 from .attention_npu import fusion_attention_bsnd, fusion_attention_tnd, npu_supports
 
 __all__ = [
@@ -51,8 +52,8 @@ __all__ = [
 ]
 
 
-def _refuse(api: str, option: str, instead: str) -> NotImplementedError:
-    return NotImplementedError(f"flash_attn.{api}({option}) is not supported by ascend_patch's adaptor; {instead}")
+def _refuse(api: str, option: str, instead: str) -> UnsupportedOption:
+    return UnsupportedOption(f"flash_attn.{api}({option}) is not supported by ascend_patch's adaptor; {instead}")
 
 
 def _options(api: str, q: Tensor, dropout_p: float, softmax_scale: float | None, causal: bool,

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 from torch.optim.optimizer import required  # type: ignore[attr-defined]
 
+from ..unsupported import UnsupportedOption
 from .multi_tensor import adam_update, sgd_update
 
 __all__ = [
@@ -43,8 +44,8 @@ __all__ = [
 _SUPPORTED = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-def _capturable_refused(cls: str) -> NotImplementedError:
-    return NotImplementedError(
+def _capturable_refused(cls: str) -> UnsupportedOption:
+    return UnsupportedOption(
         f"{cls}(capturable=True) is for CUDA-graph capture, which ascend_patch's target does not "
         "provide; use capturable=False (the update is identical)")
 
@@ -192,7 +193,7 @@ class ApexFusedSGD(torch.optim.Optimizer):
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """One SGD step per dtype set of each group."""
         if hasattr(self, "_amp_stash"):
-            raise NotImplementedError(f"{self._name} with apex.amp master params is not supported: apex.amp is not "
+            raise UnsupportedOption(f"{self._name} with apex.amp master params is not supported: apex.amp is not "
                                       "provided on this target; use torch.amp (autocast + GradScaler)")
         loss = _run_closure(closure)
         for group in self.param_groups:
@@ -244,14 +245,14 @@ class TEFusedAdam(torch.optim.Optimizer):
         if capturable:
             raise _capturable_refused(name)
         if master_weights and master_weight_dtype != torch.float32:
-            raise NotImplementedError(f"{name}: master_weight_dtype={master_weight_dtype} (scaled fp16 master "
+            raise UnsupportedOption(f"{name}: master_weight_dtype={master_weight_dtype} (scaled fp16 master "
                                       "weights) is not supported here; use master_weight_dtype=torch.float32")
         for label, dt in (("exp_avg_dtype", exp_avg_dtype), ("exp_avg_sq_dtype", exp_avg_sq_dtype)):
             if dt not in (torch.float32, torch.bfloat16):
-                raise NotImplementedError(f"{name}: {label}={dt} (scaled fp16/fp8 moments) is not supported here; "
+                raise UnsupportedOption(f"{name}: {label}={dt} (scaled fp16/fp8 moments) is not supported here; "
                                           "use torch.float32 or torch.bfloat16")
         if store_param_remainders and master_weights:
-            raise NotImplementedError(f"{name}: store_param_remainders=True (bf16 params + int16 remainders) is not "
+            raise UnsupportedOption(f"{name}: store_param_remainders=True (bf16 params + int16 remainders) is not "
                                       "supported here; it only saves memory, use store_param_remainders=False")
         defaults = {"lr": lr, "bias_correction": bias_correction, "betas": betas, "eps": eps,
                     "weight_decay": weight_decay}

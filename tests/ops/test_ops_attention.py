@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from ascend_patch.ops import attention as A
+from ascend_patch.unsupported import UnsupportedOption
 from npu_references import CallLog, reference_npu_fusion_attention
 
 # fp32 against a float64 reference; bf16 inputs against the float64 reference on the same (rounded) inputs
@@ -183,6 +184,7 @@ def test_unsupported_options_are_refused_by_name(kwargs, match):
     with pytest.raises(NotImplementedError, match=match) as info:
         A.flash_attn_func(q, q, q, **kwargs)
     assert "flash_attn.flash_attn_func" in str(info.value)
+    assert isinstance(info.value, UnsupportedOption)  # the package's error (a command prints its message)
 
 
 def test_shape_errors_say_what_is_wrong():

@@ -318,9 +318,14 @@ def test_dropout_draws_from_the_trackers_stream(world):
 
 def test_refusals_name_the_option_and_what_to_do(te):
     from ascend_patch.adaptors.megatron.te.fp8 import FP8Unavailable
+    from ascend_patch.errors import AscendPatchError
+    from ascend_patch.unsupported import UnsupportedOption
 
-    with pytest.raises(NotImplementedError, match=r"ub_overlap_ag=True\).*--tp-comm-overlap"):
+    with pytest.raises(NotImplementedError, match=r"ub_overlap_ag=True\).*--tp-comm-overlap") as info:
         te.Linear(8, 8, ub_overlap_ag=True)
+    assert isinstance(info.value, UnsupportedOption) and isinstance(info.value, AscendPatchError)
+    with pytest.raises(UnsupportedOption, match=r"--use-transformer-engine-op-fuser"):
+        te.ops.Sequential()
     with pytest.raises(NotImplementedError, match=r"delay_wgrad_compute=True.*--delay-wgrad-compute"):
         te.LayerNormLinear(8, 8, delay_wgrad_compute=True)
     with pytest.raises(NotImplementedError, match=r"softmax_type='learnable'.*--softmax-type"):

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from ....backend import current_target
+from ....unsupported import UnsupportedOption
 
 __all__ = ["TEModule", "refuse", "target_device", "tp_size_of"]
 
@@ -37,9 +38,9 @@ def tp_size_of(tp_group: Any, tp_size: int) -> int:
     return tp_group.size() if hasattr(tp_group, "size") else torch.distributed.get_world_size(tp_group)
 
 
-def refuse(api: str, option: str, why: str, instead: str) -> NotImplementedError:
+def refuse(api: str, option: str, why: str, instead: str) -> UnsupportedOption:
     """The error for a TE option the layer does not implement: what, why, what to do instead."""
-    return NotImplementedError(f"transformer_engine.pytorch.{api}({option}) is not supported by ascend_patch's "
+    return UnsupportedOption(f"transformer_engine.pytorch.{api}({option}) is not supported by ascend_patch's "
                                f"transformer_engine layer: {why}; {instead}")
 
 

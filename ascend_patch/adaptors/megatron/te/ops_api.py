@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from ....unsupported import UnsupportedOption
+
 __all__ = ["FusibleOperation", "Sequential"]
 
 ADVICE = ("TE's operation-based API is not provided by ascend_patch's transformer_engine layer; drop "
@@ -25,11 +27,11 @@ class FusibleOperation(torch.nn.Module):
     """TE's base of fusible operations; refused when built."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        raise NotImplementedError(f"transformer_engine.pytorch.ops.{type(self).__name__}: {ADVICE}")
+        raise UnsupportedOption(f"transformer_engine.pytorch.ops.{type(self).__name__}: {ADVICE}")
 
 
 class Sequential(torch.nn.Module):
     """TE's op-fuser container; refused when built."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        raise NotImplementedError(f"transformer_engine.pytorch.ops.Sequential: {ADVICE}")
+        raise UnsupportedOption(f"transformer_engine.pytorch.ops.Sequential: {ADVICE}")
