@@ -1,13 +1,4 @@
-"""The target a patched process runs on: device type, collectives, device module, kernels.
-
-Two targets exist. ``npu`` is an Ascend device through torch_npu (collectives
-``hccl``, fused kernels ``torch_npu.npu_*``). ``cpu`` is the host (collectives
-``gloo``, pure-torch reference kernels); it is a real target, not a test trick.
-
-:func:`select_backend` decides which one a process gets. It never imports
-torch_npu unless the npu target is asked for, or ``auto`` probes for it; the probe
-is guarded because torch_npu raises at import on a host without CANN.
-"""
+"""The target a patched process runs on (device type, collectives, device module, kernels), and where ops read it."""
 
 from __future__ import annotations
 
@@ -102,7 +93,12 @@ class KernelTable:
 
 @dataclass
 class Backend:
-    """A target. ``device_module`` is shaped like ``torch.cuda`` (``torch.npu`` on npu)."""
+    """A target. ``device_module`` is shaped like ``torch.cuda`` (``torch.npu`` on npu).
+
+    Two exist: ``npu``, an Ascend device through torch_npu (collectives ``hccl``, fused kernels
+    ``torch_npu.npu_*``), and ``cpu``, the host (collectives ``gloo``, pure-torch reference
+    kernels), a real target, not a test trick.
+    """
 
     name: str
     device_type: str
@@ -273,6 +269,9 @@ def _real_cuda_devices() -> int:
 
 def select_backend(settings: Settings, env: EnvTransaction | None = None) -> Selection:
     """Pick the target the settings ask for (see ``ASCEND_PATCH_DEVICE``).
+
+    torch_npu is imported only when the npu target is asked for or ``auto`` probes for it, the probe
+    guarded: torch_npu raises at import on a host without CANN.
 
     Before torch_npu is imported or probed (npu, auto), the CUDA environment variables
     are carried over to the NPU runtime's (``CUDA_VISIBLE_DEVICES`` ->

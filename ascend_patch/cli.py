@@ -1,9 +1,4 @@
-"""``ascend-patch``: run | report | doctor (and the commands other modules register).
-
-Each command lives with the code it drives; this module only dispatches. A command
-module exposes ``register(subparsers)`` which adds its parser with
-``set_defaults(func=...)``; ``func(args) -> int`` is the exit code.
-"""
+"""``ascend-patch``: run | report | doctor, and the commands other modules register (this module only dispatches)."""
 
 from __future__ import annotations
 
@@ -15,7 +10,9 @@ from typing import Any
 
 __all__ = ["main", "COMMAND_MODULES"]
 
-# Modules that register subcommands, in the order `--help` lists them.
+# Modules that register subcommands, in the order `--help` lists them. Each command lives with the code
+# it drives: its module exposes register(subparsers), which adds its parser with set_defaults(func=...);
+# func(args) -> int is the exit code.
 COMMAND_MODULES: tuple[str, ...] = (
     "ascend_patch.cli",
     "ascend_patch.check",

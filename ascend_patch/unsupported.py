@@ -1,8 +1,5 @@
-"""The error a CUDA API raises when the target cannot provide it (a leaf: imports nothing of ours).
-
-Backends, the cpu target's device module and the adaptors all raise it; keeping it
-here lets each of them import it without importing the others.
-"""
+"""The errors for what the target or an adaptor cannot provide; a leaf, so the backends, the cpu device
+module, the adaptors and ops raise them without importing each other."""
 
 from __future__ import annotations
 from .errors import AscendPatchError

@@ -1,8 +1,6 @@
 """Fused-op adaptors: stock CUDA-only kernels on the target, one module per op family, no framework knowledge.
 
-Each op reads its target at call time (:func:`ascend_patch.backend.current_target`): the torch_npu
-kernel from its kernel table, else a pure-torch implementation with the stock op's semantics.
-Nothing here is imported by ``import ascend_patch``; the plugin imports these modules in its hook.
+Each op reads its target when called (:func:`ascend_patch.backend.current_target`); the plugin imports them.
 """
 
 from __future__ import annotations

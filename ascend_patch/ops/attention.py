@@ -1,30 +1,4 @@
-"""flash-attn 2's API on the target: same layouts, options and return values.
-
-Semantics (flash-attn 2): q (b, sq, h, d), k/v (b, sk, hk, d) with ``h % hk == 0``
-(GQA/MQA); scale defaults to 1/sqrt(d); ``causal`` and ``window_size=(left, right)``
-are aligned to the bottom-right corner (query i sees keys in
-``[i + sk - sq - left, i + sk - sq + right]``, -1 = unbounded); a query row with no key
-gives zeros; ``return_attn_probs=True`` returns ``(out, softmax_lse, None)`` (lse
-(b, h, sq) fp32, +inf for empty rows). fp32 inputs are accepted too (flash-attn takes
-only fp16/bf16).
-
-* npu: :mod:`.attention_npu` (``npu_fusion_attention``, BSND / TND);
-* cpu (and npu outside the kernel's limits): ``scaled_dot_product_attention``, with the
-  band built as a boolean mask where ``is_causal`` (top-left aligned) cannot express it.
-
-Refused with a clear error: ``softcap != 0``, ``alibi_slopes``, ``return_attn_probs`` with
-dropout (the dropout-encoded ``S_dmask`` cannot be reproduced), and ``return_attn_probs``
-for varlen on npu. Dropout uses torch's RNG, so it matches flash-attn in distribution,
-not bit for bit.
-
-``deterministic`` (flash-attn: a deterministic backward): the cpu paths (SDPA and the
-per-sequence loop) are deterministic whatever it says - the same inputs give bitwise the
-same dq/dk/dv (tests/ops/test_ops_attention.py). ``npu_fusion_attention`` has no such
-argument: torch_npu makes its backward (aclnnFlashAttentionScoreGrad) deterministic in its
-deterministic mode, ``torch.use_deterministic_algorithms(True)``, which torch_npu honours
-only once per thread, so the adaptor does not toggle it per call; ``deterministic=True``
-on the npu path while that mode is off warns, saying so.
-"""
+"""flash-attn 2's API on the target: same layouts, options and return values (see :func:`flash_attn_func`)."""
 
 from __future__ import annotations
 
@@ -59,6 +33,8 @@ def _refuse(api: str, option: str, instead: str) -> UnsupportedOption:
 def _options(api: str, q: Tensor, dropout_p: float, softmax_scale: float | None, causal: bool,
              window_size: tuple[int, int], softcap: float, alibi_slopes: Tensor | None,
              return_attn_probs: bool) -> tuple[float, int, int]:
+    """(scale, left, right), refusing what neither path computes: ``softcap``, ``alibi_slopes``, and
+    ``return_attn_probs`` with dropout (the dropout-encoded ``S_dmask`` cannot be reproduced)."""
     if softcap:
         raise _refuse(api, f"softcap={softcap}", "npu_fusion_attention has no soft-capping; use softcap=0.0 or "
                       "apply tanh capping to explicit scores")
@@ -78,7 +54,15 @@ def _options(api: str, q: Tensor, dropout_p: float, softmax_scale: float | None,
 
 
 def _npu_determinism(api: str, deterministic: bool) -> None:
-    """Called where ``npu_fusion_attention`` will run: ``deterministic=True`` needs torch_npu's deterministic mode."""
+    """Called where ``npu_fusion_attention`` will run: ``deterministic=True`` needs torch_npu's deterministic mode.
+
+    flash-attn's ``deterministic`` asks for a deterministic backward. The cpu paths (SDPA and the
+    per-sequence loop) are deterministic whatever it says: the same inputs give bitwise the same
+    dq/dk/dv (tests/ops/test_ops_attention.py). ``npu_fusion_attention`` has no such argument:
+    torch_npu makes its backward (aclnnFlashAttentionScoreGrad) deterministic in its deterministic
+    mode, ``torch.use_deterministic_algorithms(True)``, which it honours only once per thread, so
+    the adaptor does not toggle it per call and warns instead.
+    """
     if deterministic and not torch.are_deterministic_algorithms_enabled():
         import warnings
 
@@ -174,7 +158,12 @@ def _sdpa_bshd(q: Tensor, k: Tensor, v: Tensor, *, dropout_p: float, scale: floa
 def attention_bshd(q: Tensor, k: Tensor, v: Tensor, *, dropout_p: float = 0.0, scale: float | None = None,
                    left: int = -1, right: int = -1, want_lse: bool = False,
                    deterministic: bool = False, api: str = "flash_attn_func") -> tuple[Tensor, Tensor | None]:
-    """Batched attention in flash-attn's layout with a bottom-right aligned band; (out, lse or None)."""
+    """Batched attention in flash-attn's layout with a bottom-right aligned band; (out, lse or None).
+
+    npu: :mod:`.attention_npu` (``npu_fusion_attention`` BSND) within the kernel's limits; otherwise
+    ``scaled_dot_product_attention``, the band as a boolean mask where ``is_causal`` (top-left
+    aligned) cannot express it.
+    """
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     kernel = current_target().kernels.get("npu_fusion_attention")
     if kernel is not None and npu_supports(q, k):
@@ -247,7 +236,16 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0, sof
                     causal: bool = False, window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                     alibi_slopes: Tensor | None = None, deterministic: bool = False,
                     return_attn_probs: bool = False) -> Any:
-    """flash-attn 2's ``flash_attn_func``: q (b, sq, h, d), k/v (b, sk, hk, d) -> out (b, sq, h, d)."""
+    """flash-attn 2's ``flash_attn_func``: q (b, sq, h, d), k/v (b, sk, hk, d) -> out (b, sq, h, d).
+
+    flash-attn 2's semantics, which every function here keeps: ``h % hk == 0`` (GQA/MQA); scale
+    defaults to 1/sqrt(d); ``causal`` and ``window_size=(left, right)`` are aligned to the
+    bottom-right corner (query i sees keys in ``[i + sk - sq - left, i + sk - sq + right]``,
+    -1 = unbounded); a query row with no key gives zeros; ``return_attn_probs=True`` returns
+    ``(out, softmax_lse, None)`` (lse (b, h, sq) fp32, +inf for empty rows). fp32 inputs are
+    accepted too (flash-attn takes only fp16/bf16). Dropout uses torch's RNG, so it matches
+    flash-attn in distribution, not bit for bit.
+    """
     if q.dim() != 4 or k.dim() != 4:
         raise ValueError(f"flash_attn_func: q, k, v must be (batch, seqlen, nheads, headdim), got "
                          f"{tuple(q.shape)}, {tuple(k.shape)}")

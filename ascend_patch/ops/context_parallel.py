@@ -1,29 +1,4 @@
-"""Context-parallel attention: the sequence split over a CP group, as Megatron splits it, for each comm type.
-
-Megatron (``get_batch_on_this_cp_rank``) cuts the sequence into 2 x CP chunks and gives
-rank r chunks r and 2CP-1-r, which balances causal work. Every function here takes
-q (b, s_local, h, d) and k, v (b, s_local, g, d) in that layout, returns the output in it,
-and is differentiable. Causal masking is per chunk: a query chunk sees every earlier
-chunk fully and its own chunk causally. The comm types (Transformer Engine's names, as
-megatron-core's ``--cp-comm-type`` passes them):
-
-* ``all_gather``: K and V are all-gathered (gradients reduce-scattered) and put in
-  sequence order; each local query chunk attends the prefix it may see.
-* ``p2p``: ring attention. K/V blocks travel around the ring (send to the next rank,
-  receive from the previous one); each step attends the local query chunks to the visible
-  chunks of the block that is here and merges the partial outputs by log-sum-exp
-  (:mod:`.attention_block`). The backward pass runs the ring again, each K/V block
-  travelling with its gradient until it is back with its owner, so no rank ever holds
-  more than two K/V blocks.
-* ``a2a`` (Ulysses): an all-to-all trades the head split for the sequence split (every
-  rank gets the whole sequence for heads/CP heads, so query and key/value heads must both
-  divide by CP), attention runs on the whole sequence, a second all-to-all trades back.
-* ``a2a+p2p`` (hierarchical): ``a2a`` inside the first group of megatron's
-  ``--hierarchical-context-parallel-sizes``, then ``p2p`` over the second.
-
-Block attention runs on ``npu_fusion_attention`` (and ``npu_fusion_attention_grad`` in the
-ring's backward) where the target's kernel table has them, else in torch.
-"""
+"""Context-parallel attention on Megatron's load-balanced sequence split, for each ``--cp-comm-type``."""
 
 from __future__ import annotations
 
@@ -118,6 +93,8 @@ def all_gather_sequence(tensor: Tensor, group: Any) -> Tensor:
 
 def _all_gather_attention(q: Tensor, k: Tensor, v: Tensor, group: Any, causal: bool, scale: float, dropout: float,
                           kernels: Any) -> Tensor:
+    """``all_gather``: K and V are all-gathered (gradients reduce-scattered) and put in sequence order; each
+    local query chunk attends the prefix it may see."""
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     k = all_gather_sequence(k.transpose(0, 1), group).transpose(0, 1)
     v = all_gather_sequence(v.transpose(0, 1), group).transpose(0, 1)
@@ -173,7 +150,12 @@ def _reorder(x: Tensor, order: Sequence[int], parts: int) -> Tensor:
 
 def _a2a_attention(q: Tensor, k: Tensor, v: Tensor, group: Any, chunks: Sequence[int], causal: bool, scale: float,
                    dropout: float, kernels: Any) -> Tensor:
-    """Ulysses over ``group``: ``chunks`` are the chunk ids the gathered sequence holds (rank-major)."""
+    """``a2a`` (Ulysses) over ``group``: ``chunks`` are the chunk ids the gathered sequence holds (rank-major).
+
+    An all-to-all trades the head split for the sequence split (every rank gets the whole sequence for
+    heads/CP heads, so query and key/value heads must both divide by CP), attention runs on the whole
+    sequence, a second all-to-all trades back.
+    """
     q, k, v = (_AllToAll.apply(t, group, 2, 1) for t in (q, k, v))
     order = _sequence_order(chunks)
     inverse = sorted(range(len(order)), key=lambda i: order[i])
@@ -215,6 +197,12 @@ def _slots(x: Tensor, positions: Sequence[int], chunk: int) -> Tensor:
 
 
 class _Ring(torch.autograd.Function):
+    """``p2p``: ring attention. K/V blocks travel around the ring (sent to the next rank, received from the
+    previous one); each step attends the local query chunks to the visible chunks of the block that is here
+    and merges the partial outputs by log-sum-exp (:mod:`.attention_block`). The backward pass runs the ring
+    again, each K/V block travelling with its gradient until it is back with its owner, so no rank ever
+    holds more than two K/V blocks."""
+
     @staticmethod
     def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, group: Any, layout: tuple[tuple[int, ...], ...],
                 causal: bool, scale: float, dropout: float, kernels: Any) -> Tensor:
@@ -306,6 +294,16 @@ def context_parallel_attention(q: Tensor, k: Tensor, v: Tensor, *, comm_type: st
                                scale: float, dropout: float = 0.0,
                                global_ranks: Sequence[int] | None = None) -> Tensor:
     """Attention over the whole sequence from this rank's load-balanced share; returns this rank's share.
+
+    Megatron (``get_batch_on_this_cp_rank``) cuts the sequence into 2 x CP chunks and gives rank r
+    chunks r and 2CP-1-r, which balances causal work. q is (b, s_local, h, d) and k, v are
+    (b, s_local, g, d) in that layout, as is the output; differentiable. Causal masking is per chunk:
+    a query chunk sees every earlier chunk fully and its own chunk causally. ``comm_type`` is
+    Transformer Engine's name, as megatron-core's ``--cp-comm-type`` passes it: ``p2p`` (:class:`_Ring`),
+    ``all_gather``, ``a2a`` (Ulysses) or ``a2a+p2p`` (``a2a`` inside the first group of
+    ``--hierarchical-context-parallel-sizes``, then ``p2p`` over the second). Block attention runs on
+    ``npu_fusion_attention`` (and ``npu_fusion_attention_grad`` in the ring's backward) where the
+    current target has them, else in torch.
 
     ``group`` is the CP process group, or for ``a2a+p2p`` the pair [a2a group, p2p group] of
     megatron's hierarchical CP groups, with ``global_ranks`` the global ranks of the whole CP

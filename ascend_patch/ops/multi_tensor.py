@@ -1,16 +1,7 @@
 """apex's ``multi_tensor_applier`` and the ``amp_C`` multi-tensor ops, built on ``torch._foreach_*``.
 
-The ops keep apex's calling convention ``op(chunk_size, noop_flag, tensor_lists, *args)``
-and its overflow-flag semantics: an inf/nan in the checked input sets ``noop_flag``
-to 1 (on the device, without a host sync); it is never silently dropped. The math
-is done in fp32 like apex's kernels (``MATH_T = float``), whatever the storage dtype.
-
-:func:`adam_update` and :func:`sgd_update` are the numeric cores shared with the
-optimizers in :mod:`.optim`. Adam and SGD use torch's fused kernels (``_fused_adam_``,
-``_fused_adamw_``, ``_fused_sgd_``) where they compute exactly apex's update, and a
-foreach fp32 path otherwise. The kernel comes from the backend's kernel table (npu:
-torch's ops, which torch_npu registers for npu tensors; tests inject references there);
-on the cpu target, whose table is empty, torch's own cpu kernels are the implementation.
+The ops keep apex's calling convention ``op(chunk_size, noop_flag, tensor_lists, *args)``, its overflow flag
+(an inf/nan in the checked input sets ``noop_flag`` on the device, never dropped) and its fp32 math.
 """
 
 from __future__ import annotations
@@ -291,7 +282,9 @@ def adam_update(grads: Sequence[Tensor], params: Sequence[Tensor], exp_avgs: Seq
     """One apex/TE Adam step, in place. ``masters`` (fp32 copies) are updated instead and copied to ``params``.
 
     Math in fp32; ``adam_w_mode`` is decoupled decay (AdamW), otherwise decay is added to the gradient.
-    The current target supplies the fused kernel (see :func:`optimizer_kernel`).
+    The numeric core the optimizers of :mod:`.optim` share: torch's fused kernel (``_fused_adam_`` /
+    ``_fused_adamw_``, from the current target, see :func:`optimizer_kernel`) where it computes apex's
+    update exactly, a foreach fp32 path otherwise.
     """
     if not params:
         return

@@ -1,21 +1,4 @@
-"""Layer norm and RMS norm on the target: apex.normalization, ``fused_layer_norm_cuda``, megatron's fused norm.
-
-Semantics follow apex's CUDA kernels: statistics in fp32, output in the input's dtype
-(the ``Mixed*`` variants: in the weight's dtype), ``mean``/``invvar`` as flat fp32
-tensors of the leading size. ``memory_efficient`` recomputes the normalised input from
-the output in backward (it changes memory, not results).
-
-* npu: RMS norm calls ``npu_rms_norm`` from the kernel table (its gamma must match the
-  input dtype, so both are cast to their common dtype); layer norm is torch's own
-  ``layer_norm``, which torch_npu implements as a fused kernel.
-* cpu: ``aten._fused_rms_norm`` forward with an fp32 analytic backward (faster than
-  torch's composite RMSNorm here); ``aten.native_layer_norm`` and its backward.
-
-apex's ``nn.Module`` classes and the extension's functions are in :mod:`.norm_apex`.
-
-:func:`rms_norm` and :func:`layer_norm` are the public entry points other adaptors
-(e.g. the Megatron adaptor's norms) call; they read the target at call time.
-"""
+"""Layer norm and RMS norm on the target with apex's CUDA semantics: fp32 statistics, output in the input's dtype."""
 
 from __future__ import annotations
 
@@ -81,7 +64,12 @@ def _rms_kernel() -> Any:
 
 def _rms_forward(x: Tensor, shape: tuple[int, ...], weight: Tensor | None, eps: float, out_dtype: torch.dtype,
                  kernel: Any) -> tuple[Tensor, Tensor]:
-    """(output, rstd with keepdim shape, fp32) without autograd bookkeeping; ``kernel``: npu_rms_norm or None."""
+    """(output, rstd with keepdim shape, fp32) without autograd bookkeeping; ``kernel``: npu_rms_norm or None.
+
+    npu: its gamma must match the input dtype, so both are cast to their common dtype. cpu:
+    ``aten._fused_rms_norm`` (with the fp32 analytic backward below, faster than torch's composite
+    RMSNorm here).
+    """
     c = _common(x.dtype, weight.dtype if weight is not None else None, out_dtype)
     if kernel is not None and 2 <= x.dim() <= 8:
         gamma = weight.to(c) if weight is not None else torch.ones(shape, dtype=c, device=x.device)
@@ -148,6 +136,8 @@ def layer_norm(x: Tensor, normalized_shape: Shape, weight: Tensor | None = None,
                eps: float = 1e-5, *, out_dtype: torch.dtype | None = None) -> Tensor:
     """Layer norm with fp32 statistics, output in ``out_dtype`` (default ``x.dtype``), differentiable.
 
+    The entry point other adaptors (the Megatron norms, the TE layer) call, with :func:`rms_norm`.
+
     Both targets use torch's native ``layer_norm`` (fused on cpu and, through torch_npu, on npu).
     """
     shape = _shape(normalized_shape)
@@ -202,6 +192,9 @@ def _ln_backward(dout: Tensor, x_or_y: Tensor, mean: Tensor | None, rstd: Tensor
 
 
 # -- apex's autograd functions --------------------------------------------------------------
+# apex's CUDA kernels' semantics: statistics in fp32, output in the input's dtype (the Mixed* variants:
+# in the weight's dtype), mean/invvar as flat fp32 tensors of the leading size. memory_efficient
+# recomputes the normalised input from the output in backward (it changes memory, not results).
 
 class FusedLayerNormAffineFunction(torch.autograd.Function):
     """apex's ``FusedLayerNormAffineFunction.apply(input, weight, bias, normalized_shape, eps, memory_efficient)``."""

@@ -1,21 +1,4 @@
-"""apex / Transformer Engine fused optimizers on the target, and ``torch.optim`` ``fused=True`` where it is missing.
-
-* :class:`ApexFusedAdam` - ``apex.optimizers.FusedAdam``: per-group int ``step``, fp32
-  ``exp_avg``/``exp_avg_sq`` whatever the param dtype, ``adam_w_mode`` (decoupled decay)
-  or L2 mode, ``bias_correction``, ``set_grad_none``. ``amsgrad`` is refused like apex;
-  ``capturable`` (CUDA graphs) is refused with what to use instead, and with it
-  ``master_weights`` (apex allows it only together with ``capturable``).
-* :class:`ApexFusedSGD` - ``apex.optimizers.FusedSGD`` (``wd_after_momentum``, apex's
-  first-run momentum initialisation, ``most_recent_scale``).
-* :class:`TEFusedAdam` / :class:`TEFusedSGD` - ``transformer_engine.pytorch.optimizers``:
-  fp32 master weights, fp32/bf16 moment dtypes, ``use_decoupled_grad``; state dicts hold
-  fp32 states like TE's.
-
-The update itself is :func:`.multi_tensor.adam_update` / :func:`.multi_tensor.sgd_update`:
-torch's fused Adam / SGD kernel where it computes apex's update exactly, a foreach fp32 path
-otherwise. The kernel comes from the current target's kernel table, read at each step (npu: torch's
-ops, which torch_npu registers for npu tensors), or is torch's own cpu kernel on the cpu target.
-"""
+"""apex / Transformer Engine fused optimizers on the target, and ``torch.optim`` ``fused=True`` where it is missing."""
 
 from __future__ import annotations
 
@@ -63,7 +46,15 @@ def _check_dtype(p: Tensor, cls: str) -> None:
 
 
 class ApexFusedAdam(torch.optim.Optimizer):
-    """``apex.optimizers.FusedAdam`` (a drop-in for ``torch.optim.AdamW``, or ``Adam`` with ``adam_w_mode=False``)."""
+    """``apex.optimizers.FusedAdam`` (a drop-in for ``torch.optim.AdamW``, or ``Adam`` with ``adam_w_mode=False``).
+
+    Per-group int ``step``, fp32 ``exp_avg``/``exp_avg_sq`` whatever the param dtype, ``adam_w_mode``
+    (decoupled decay) or L2 mode, ``bias_correction``, ``set_grad_none``. ``amsgrad`` is refused like
+    apex; ``capturable`` (CUDA graphs) is refused with what to use instead, and with it ``master_weights``
+    (apex allows it only together with ``capturable``). The update is :func:`.multi_tensor.adam_update`:
+    torch's fused kernel from the current target's table, read at each step (npu: torch's op, which
+    torch_npu registers for npu tensors), or torch's own cpu kernel on the cpu target.
+    """
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, bias_correction: bool = True,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, adam_w_mode: bool = True,
@@ -137,7 +128,11 @@ class ApexFusedAdam(torch.optim.Optimizer):
 
 
 class ApexFusedSGD(torch.optim.Optimizer):
-    """``apex.optimizers.FusedSGD``: torch SGD's update, plus ``wd_after_momentum`` and amp's grad scale."""
+    """``apex.optimizers.FusedSGD``: torch SGD's update, plus ``wd_after_momentum`` and amp's grad scale.
+
+    apex's first-run momentum initialisation and ``most_recent_scale``; the update is
+    :func:`.multi_tensor.sgd_update` (torch's fused kernel where it computes apex's update).
+    """
 
     _name = "apex.optimizers.FusedSGD"
 
@@ -230,7 +225,10 @@ class TEFusedSGD(ApexFusedSGD):
 
 
 class TEFusedAdam(torch.optim.Optimizer):
-    """``transformer_engine.pytorch.optimizers.FusedAdam`` with fp32 master weights and fp32/bf16 moments."""
+    """``transformer_engine.pytorch.optimizers.FusedAdam`` with fp32 master weights and fp32/bf16 moments.
+
+    ``use_decoupled_grad`` too; state dicts hold fp32 states like TE's.
+    """
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0, amsgrad: bool = False, *,

@@ -1,18 +1,4 @@
-"""Rotary position embeddings: flash-attn's ``apply_rotary_emb`` and megatron-core's fused RoPE.
-
-Both compute ``x * cos + rotate(x) * sin`` on the first ``rotary_dim`` channels (the rest
-pass through), rotate-half (GPT-NeoX) or interleaved (GPT-J) pairs, in fp32 like the
-fused kernels, output in the input dtype.
-
-* npu: ``npu_rotary_mul(x, r1=cos, r2=sin, rotary_mode='half'|'interleave')`` where its
-  documented limits hold (4-D input, head dim even and < 896, fewer than 1000 batch x
-  heads, cos/sin broadcast as 1S1D/S11D, or BS1D/SB1D in half mode);
-* cpu (and npu outside those limits): torch.
-
-Public functions for other adaptors: :func:`apply_rotary_emb` (flash-attn's (b, s, h, d)
-layout), :func:`fused_rope_sbhd` and :func:`fused_rope_thd` (megatron's (s, b, h, d) and
-packed (t, h, d) layouts, freqs in radians as megatron's RotaryEmbedding returns them).
-"""
+"""Rotary position embeddings on the target: flash-attn's ``apply_rotary_emb`` and megatron-core's fused RoPE."""
 
 from __future__ import annotations
 
@@ -93,6 +79,8 @@ def _expand(half: Tensor, interleaved: bool) -> Tensor:
 
 
 def _npu_ok(x: Tensor, rd: int, interleaved: bool, r1_batched: bool) -> bool:
+    """``npu_rotary_mul``'s documented limits: 4-D input, head dim even and < 896, fewer than 1000 batch x heads,
+    cos/sin broadcast as 1S1D/S11D, or BS1D/SB1D in half mode; outside them torch runs."""
     if x.dim() != 4 or rd % 2 or rd >= 896:
         return False
     b, n = (x.shape[0], x.shape[2])
@@ -115,7 +103,13 @@ def _gather(table: Tensor, pos: Tensor, fill: float) -> Tensor:
 def apply_rotary_emb(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = False, inplace: bool = False,
                      seqlen_offsets: int | Tensor = 0, cu_seqlens: Tensor | None = None,
                      max_seqlen: int | None = None) -> Tensor:
-    """flash-attn's ``apply_rotary_emb``: x (b, s, h, d), or (total, h, d) with ``cu_seqlens``; cos/sin (s_ro, rd/2)."""
+    """flash-attn's ``apply_rotary_emb``: x (b, s, h, d), or (total, h, d) with ``cu_seqlens``; cos/sin (s_ro, rd/2).
+
+    As every function here: ``x * cos + rotate(x) * sin`` on the first ``rotary_dim`` channels (the rest
+    pass through), rotate-half (GPT-NeoX) or interleaved (GPT-J) pairs, in fp32 like the fused kernels,
+    output in the input dtype; ``npu_rotary_mul(x, r1=cos, r2=sin, rotary_mode='half'|'interleave')``
+    within its limits (:func:`_npu_ok`), else torch.
+    """
     return _apply_rotary_emb(current_target().kernels.get("npu_rotary_mul"), x, cos, sin, interleaved, inplace,
                              seqlen_offsets, cu_seqlens)
 
@@ -184,7 +178,8 @@ def _apply_rotary_emb(kernel: Any, x: Tensor, cos: Tensor, sin: Tensor, interlea
 
 
 def fused_rope_sbhd(t: Tensor, freqs: Tensor, interleaved: bool = False) -> Tensor:
-    """megatron/TE fused RoPE: t (s, b, h, d), freqs (s, 1 or b, 1, rd) angles; first rd channels rotated."""
+    """megatron/TE fused RoPE: t (s, b, h, d), freqs (s, 1 or b, 1, rd) angles in radians, as megatron's
+    RotaryEmbedding returns them; first rd channels rotated."""
     rd = freqs.shape[-1]
     if rd > t.shape[-1]:
         raise ValueError(f"fused RoPE: rotary dim {rd} is larger than the head dim {t.shape[-1]}")

@@ -1,14 +1,4 @@
-"""Fused scale-mask-softmax (the CUDA ``scaled_masked_softmax`` kernels' semantics) on the target.
-
-Scale, mask (True = masked out, filled with -10000) or the causal upper triangle, softmax in
-fp32, a fully masked row gives zeros, output in the input dtype:
-
-* npu: ``npu_scaled_masked_softmax(x, mask, scale, fixed_triu_mask=False)`` where its
-  documented shape limits hold (last two dims in [32, 4096], multiples of 32);
-* cpu: the same computation in torch.
-
-:func:`scaled_masked_softmax` is the public entry point for other adaptors.
-"""
+"""Fused scale-mask-softmax on the target, with the CUDA ``scaled_masked_softmax`` kernels' semantics."""
 
 from __future__ import annotations
 
@@ -48,7 +38,12 @@ def npu_softmax_shape_ok(sq: int, sk: int) -> bool:
 
 
 def scaled_masked_softmax(x: Tensor, mask: Tensor | None, scale: float = 1.0, *, causal: bool = False) -> Tensor:
-    """``softmax(x * scale)`` over the last dim with ``mask`` (True = masked) and/or the causal triangle."""
+    """``softmax(x * scale)`` over the last dim with ``mask`` (True = masked) and/or the causal triangle.
+
+    The CUDA kernels' semantics: masked scores filled with -10000, softmax in fp32, a fully masked row
+    gives zeros, output in the input dtype. npu: ``npu_scaled_masked_softmax(x, mask, scale,
+    fixed_triu_mask=False)`` within its shape limits (:func:`npu_softmax_shape_ok`), else torch.
+    """
     sq, sk = x.shape[-2], x.shape[-1]
     can_be_empty = mask is not None  # a causal row always keeps its diagonal
     if causal:

@@ -1,18 +1,4 @@
-"""SwiGLU, bias-SwiGLU and bias-GeLU: megatron-core's fused activations on the target.
-
-megatron-core builds these with ``jit_fuser`` (``torch.compile`` on torch >= 2.2), which
-on a host means a C++ compiler and seconds of compilation per process. Here:
-
-* npu: ``npu_swiglu`` from the kernel table (torch_npu gives it a backward);
-* cpu: an autograd function with megatron's exact forward and analytic backward
-  (including ``fp8_input_store``: the input kept for backward as float8_e4m3fn, and
-  ``cpu_offload_input``: the saved tensors tagged ``activation_offloading``);
-* bias-GeLU: torch's tanh-approximated ``gelu`` (the same formula megatron's
-  ``bias_gelu`` hand-writes, with its exact derivative), on both targets.
-
-Public functions for other adaptors: :func:`swiglu`, :func:`bias_swiglu`, :func:`bias_gelu`;
-:func:`megatron_bias_swiglu_impl` / :func:`megatron_bias_gelu_impl` carry megatron's signatures.
-"""
+"""SwiGLU, bias-SwiGLU and bias-GeLU, megatron-core's fused activations, on the target without ``torch.compile``."""
 
 from __future__ import annotations
 
@@ -36,6 +22,11 @@ def _kernel() -> Any:
 
 
 class _BiasSwiGLUFn(torch.autograd.Function):
+    """megatron's exact forward and an analytic backward, eager: megatron builds these with ``jit_fuser``
+    (``torch.compile``), which on a host means a C++ compiler and seconds of compilation per process.
+    ``fp8_input_store`` keeps the input for backward as float8_e4m3fn; ``cpu_offload_input`` tags the
+    saved tensors ``activation_offloading``."""
+
     @staticmethod
     def forward(ctx: Any, input: Tensor, bias: Tensor | None, fp8_input_store: bool,
                 cpu_offload_input: bool) -> Tensor:
@@ -88,7 +79,11 @@ def swiglu(x: Tensor, dim: int = -1) -> Tensor:
 
 def bias_swiglu(input: Tensor, bias: Tensor | None, fp8_input_store: bool = False,
                 cpu_offload_input: bool = False) -> Tensor:
-    """``swiglu(input + bias)`` over the last dim with megatron's memory options."""
+    """``swiglu(input + bias)`` over the last dim with megatron's memory options.
+
+    ``npu_swiglu`` (torch_npu gives it a backward) where the current target has it, unless a memory option
+    asks for :class:`_BiasSwiGLUFn`.
+    """
     kernel = _kernel()
     if kernel is not None and not fp8_input_store and not cpu_offload_input:
         return kernel(input if bias is None else input + bias, dim=-1)
@@ -96,5 +91,9 @@ def bias_swiglu(input: Tensor, bias: Tensor | None, fp8_input_store: bool = Fals
 
 
 def bias_gelu(input: Tensor, bias: Tensor | None) -> Tensor:
-    """Tanh-approximated GeLU of ``input + bias`` (megatron's ``bias_gelu``), differentiable."""
+    """Tanh-approximated GeLU of ``input + bias`` (megatron's ``bias_gelu``), differentiable.
+
+    torch's ``gelu(approximate="tanh")``: the formula megatron's ``bias_gelu`` hand-writes, with its exact
+    derivative, on both targets.
+    """
     return F.gelu(input if bias is None else input + bias, approximate="tanh")

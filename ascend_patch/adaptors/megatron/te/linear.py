@@ -1,32 +1,4 @@
-"""``transformer_engine.pytorch.Linear`` and ``LayerNormLinear`` on megatron-core's tensor-parallel functions.
-
-TE's semantics, as megatron-core's ``TELinear`` / ``TEColumnParallelLinear`` /
-``TERowParallelLinear`` / ``TELayerNormColumnParallelLinear`` use them:
-
-* ``parallel_mode="column"``: the weight is ``[out / tp, in]``; with ``sequence_parallel``
-  the input is all-gathered along the sequence (and its gradient reduce-scattered),
-  otherwise its gradient is all-reduced over the TP group. ``"row"``: the weight is
-  ``[out, in / tp]`` and the output is all-reduced (reduce-scattered under sequence
-  parallelism), the bias added after the reduction. ``None``: no communication.
-* The GEMM is megatron's ``linear_with_grad_accumulation_and_async_allreduce``, the one
-  its local ``ColumnParallelLinear`` / ``RowParallelLinear`` run, so both
-  ``--transformer-impl`` choices compute the same numbers; ``fuse_wgrad_accumulation``
-  (megatron's ``gradient_accumulation_fusion``) accumulates the weight gradient into
-  ``weight.main_grad`` there.
-* Initialisation as TE: the weight is created empty and ``init_method`` runs inside
-  ``get_rng_state_tracker().fork(rng_tracker_name)`` (the model-parallel stream by default);
-  the bias is zero. megatron's local layers draw the same stream in the same order, so
-  one seed gives both implementations the same weights.
-* Parameter tags as TE: weights ``tensor_model_parallel`` (dim 0, or 1 for row), a column
-  bias dim 0, a row bias ``sequence_parallel``; LayerNormLinear's norm parameters
-  ``sequence_parallel``. ``bias=False`` leaves ``bias`` an empty tensor, as TE does.
-* ``return_bias=True`` returns ``(out, bias)`` with the bias not added (megatron fuses it
-  with dropout and the residual). The state dict holds ``_extra_state`` (empty).
-
-Refused with an error saying what to do: TP communication overlap (``ub_*``,
-``--tp-comm-overlap``), ``delay_wgrad_compute``, ``symmetric_ar_type``, ``parameters_split``,
-and FP8 outputs.
-"""
+"""``transformer_engine.pytorch.Linear`` and ``LayerNormLinear`` on megatron-core's tensor-parallel functions."""
 
 from __future__ import annotations
 
@@ -68,7 +40,35 @@ def _check_options(api: str, *, parameters_split: Any, delay_wgrad_compute: bool
 
 
 class _ParallelLinear(TEModule):
-    """The GEMM and parameter handling Linear and LayerNormLinear share."""
+    """The GEMM and parameter handling Linear and LayerNormLinear share.
+
+    TE's semantics, as megatron-core's ``TELinear`` / ``TEColumnParallelLinear`` /
+    ``TERowParallelLinear`` / ``TELayerNormColumnParallelLinear`` use them:
+
+    * ``parallel_mode="column"``: the weight is ``[out / tp, in]``; with ``sequence_parallel``
+      the input is all-gathered along the sequence (and its gradient reduce-scattered),
+      otherwise its gradient is all-reduced over the TP group. ``"row"``: the weight is
+      ``[out, in / tp]`` and the output is all-reduced (reduce-scattered under sequence
+      parallelism), the bias added after the reduction. ``None``: no communication.
+    * The GEMM is megatron's ``linear_with_grad_accumulation_and_async_allreduce``, the one
+      its local ``ColumnParallelLinear`` / ``RowParallelLinear`` run, so both
+      ``--transformer-impl`` choices compute the same numbers; ``fuse_wgrad_accumulation``
+      (megatron's ``gradient_accumulation_fusion``) accumulates the weight gradient into
+      ``weight.main_grad`` there.
+    * Initialisation as TE: the weight is created empty and ``init_method`` runs inside
+      ``get_rng_state_tracker().fork(rng_tracker_name)`` (the model-parallel stream by default);
+      the bias is zero. megatron's local layers draw the same stream in the same order, so
+      one seed gives both implementations the same weights.
+    * Parameter tags as TE: weights ``tensor_model_parallel`` (dim 0, or 1 for row), a column
+      bias dim 0, a row bias ``sequence_parallel``; LayerNormLinear's norm parameters
+      ``sequence_parallel``. ``bias=False`` leaves ``bias`` an empty tensor, as TE does.
+    * ``return_bias=True`` returns ``(out, bias)`` with the bias not added (megatron fuses it
+      with dropout and the residual). The state dict holds ``_extra_state`` (empty).
+
+    Refused with an error saying what to do: TP communication overlap (``ub_*``,
+    ``--tp-comm-overlap``), ``delay_wgrad_compute``, ``symmetric_ar_type``, ``parameters_split``,
+    and FP8 outputs.
+    """
 
     def _setup_linear(self, api: str, in_features: int, out_features: int, *, sequence_parallel: bool,
                       fuse_wgrad_accumulation: bool, tp_group: Any, tp_size: int,

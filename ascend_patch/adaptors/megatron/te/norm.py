@@ -1,17 +1,4 @@
-"""``transformer_engine.pytorch.LayerNorm`` / ``RMSNorm`` on the target, and the norm LayerNormLinear applies.
-
-TE's semantics: parameters ``weight`` (and ``bias`` for LayerNorm) over the last
-dimension; ``zero_centered_gamma`` stores gamma - 1 (initialised to zeros, applied as
-``1 + weight``); under ``sequence_parallel`` every parameter is tagged
-``sequence_parallel=True`` so megatron's ``finalize_model_grads`` all-reduces its partial
-gradient over the TP group (the norm sees only the local sequence shard).
-
-Kernels: RMS norm runs ``npu_rms_norm`` when the target's kernel table has it
-(:func:`ascend_patch.ops.norm.rms_norm`), else torch's ``rms_norm`` - the function
-megatron's local spec reaches through ``torch.nn.RMSNorm`` on cpu, so the two
-``--transformer-impl`` choices compute the same numbers. Layer norm is torch's fused
-``layer_norm`` on both targets (:func:`ascend_patch.ops.norm.layer_norm`).
-"""
+"""``transformer_engine.pytorch.LayerNorm`` / ``RMSNorm`` on the target, and the norm LayerNormLinear applies."""
 
 from __future__ import annotations
 
@@ -32,7 +19,13 @@ NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 
 def apply_norm(x: Tensor, kind: str, weight: Tensor, bias: Tensor | None, eps: float,
                zero_centered_gamma: bool) -> Tensor:
-    """``kind`` ("LayerNorm" / "RMSNorm") of ``x`` over its last dim, output in ``x``'s dtype."""
+    """``kind`` ("LayerNorm" / "RMSNorm") of ``x`` over its last dim, output in ``x``'s dtype.
+
+    RMS norm runs ``npu_rms_norm`` when the current target's kernel table has it
+    (:func:`ascend_patch.ops.norm.rms_norm`), else torch's ``rms_norm`` - the function megatron's local
+    spec reaches through ``torch.nn.RMSNorm`` on cpu, so the two ``--transformer-impl`` choices compute
+    the same numbers. Layer norm is torch's fused ``layer_norm`` on both targets.
+    """
     gamma = weight + 1 if zero_centered_gamma else weight
     shape = (x.shape[-1],)
     if kind == "RMSNorm":
@@ -44,7 +37,13 @@ def apply_norm(x: Tensor, kind: str, weight: Tensor, bias: Tensor | None, eps: f
 
 def norm_parameters(module: torch.nn.Module, kind: str, hidden_size: int, *, prefix: str, zero_centered_gamma: bool,
                     sequence_parallel: bool, dtype: torch.dtype | None, device: Any) -> None:
-    """Register ``{prefix}weight`` (and ``{prefix}bias`` for LayerNorm) on ``module``, initialised as TE does."""
+    """Register ``{prefix}weight`` (and ``{prefix}bias`` for LayerNorm) on ``module``, initialised as TE does.
+
+    TE's semantics: ``zero_centered_gamma`` stores gamma - 1 (initialised to zeros, applied as
+    ``1 + weight``); under ``sequence_parallel`` every parameter is tagged ``sequence_parallel=True`` so
+    megatron's ``finalize_model_grads`` all-reduces its partial gradient over the TP group (the norm sees
+    only the local sequence shard).
+    """
     if kind not in NORMALIZATIONS:
         raise ValueError(f"normalization={kind!r} is not supported by the transformer_engine layer; use "
                          f"{' or '.join(NORMALIZATIONS)} (--normalization)")

@@ -1,12 +1,4 @@
-"""``transformer_engine.pytorch.ops``: TE's operation-based API, present as names and refused when used.
-
-megatron-core's ``TEFusedMLP`` (defined at import for TE >= 1.13) annotates its methods with
-``te.pytorch.ops.Sequential`` and ``te.pytorch.ops.FusibleOperation``, which Python evaluates
-when the class is defined; so the two names exist. The op fuser itself
-(``--use-transformer-engine-op-fuser``) and TE's activation ops (``--use-te-activation-func``)
-are not implemented: building one raises, naming the flag; any other name of the module
-raises the shim's missing-name error with the same advice.
-"""
+"""``transformer_engine.pytorch.ops``: TE's operation-based API, present as names and refused when used."""
 
 from __future__ import annotations
 
@@ -18,6 +10,11 @@ from ....unsupported import UnsupportedOption
 
 __all__ = ["FusibleOperation", "Sequential"]
 
+# megatron-core's TEFusedMLP (defined at import for TE >= 1.13) annotates its methods with te.pytorch.ops.Sequential
+# and te.pytorch.ops.FusibleOperation, which Python evaluates when the class is defined; so the two names exist.
+# The op fuser itself (--use-transformer-engine-op-fuser) and TE's activation ops (--use-te-activation-func) are
+# not implemented: building one raises, naming the flag; any other name of the module raises the shim's
+# missing-name error with the same advice.
 ADVICE = ("TE's operation-based API is not provided by ascend_patch's transformer_engine layer; drop "
           "--use-transformer-engine-op-fuser and --use-te-activation-func (megatron-core then builds its MLP and "
           "activation from TE linears and torch)")

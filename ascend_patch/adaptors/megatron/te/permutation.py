@@ -1,29 +1,7 @@
 """``transformer_engine.pytorch.permutation``: the MoE token permutations behind ``--moe-permute-fusion``.
 
-megatron-core 0.16 imports ``moe_permute``, ``moe_permute_with_probs``, ``moe_unpermute``,
-``moe_sort_chunks_by_index`` and ``moe_sort_chunks_by_index_with_probs`` from here (TE >= 2.1) and,
-with ``--moe-permute-fusion``, its token dispatchers call them instead of ``moe_utils.permute`` /
-``unpermute`` / ``sort_chunks_by_idxs``. TE's "mask" map type is what megatron uses: ``routing_map``
-is a ``[tokens, experts]`` boolean mask; permuted rows are grouped by expert, tokens in their
-original order within an expert (megatron's unfused order, which the grouped GEMM's
-``tokens_per_expert`` splits rely on).
-
-The ``row_id_map`` handed from ``moe_permute`` to ``moe_unpermute`` is opaque to megatron (it
-stores it and passes it back): on the torch path it is ``[tokens, experts]`` int64, the permuted
-row of each (token, expert) pair or -1, so unpermuting knows each row's token and expert (for the
-merging probabilities) and the number of tokens; the npu kernels' is ``[2, tokens, topk]`` int32
-(see :mod:`.permutation_npu`).
-
-The ops are index_select / masked_select / scatter_add / split / cat, differentiable by autograd,
-on any device: the same arithmetic as megatron's unfused functions, so a run with the flag equals
-the run without.
-
-On npu, ``moe_permute`` / ``moe_permute_with_probs`` / ``moe_unpermute`` call torch_npu's
-``npu_moe_token_permute`` / ``npu_moe_token_unpermute`` from the backend's kernel table where the
-kernels' documented limits hold (every token routed to the same number of experts, float16 /
-bfloat16 / float32): see :mod:`.permutation_npu`, which also records why it stepped aside
-elsewhere. The chunk sorts have no torch_npu kernel and stay split / cat on both targets. Each function
-reads the target at call time.
+megatron-core 0.16's token dispatchers call them instead of ``moe_utils.permute`` / ``unpermute`` /
+``sort_chunks_by_idxs``; torch index ops with megatron's arithmetic, so a run with the flag equals the run without.
 """
 
 from __future__ import annotations
@@ -41,6 +19,7 @@ __all__ = ["moe_permute", "moe_permute_with_probs", "moe_sort_chunks_by_index",
 
 
 def _check_map_type(api: str, map_type: str) -> None:
+    # TE's "mask" map type is what megatron uses: routing_map is a [tokens, experts] boolean mask
     if map_type != "mask":
         raise refuse(api, f"map_type={map_type!r}", "only the 'mask' routing map megatron-core uses is implemented",
                      "pass a [tokens, experts] boolean routing_map with map_type='mask'")
@@ -56,6 +35,10 @@ def _expert_major(routing_map: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
 
 
 def _row_id_map(routing_map: torch.Tensor, token_ids: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
+    """The ``row_id_map`` of the torch path: ``[tokens, experts]`` int64, the permuted row of each (token, expert)
+    pair or -1, so unpermuting knows each row's token and expert (for the merging probabilities) and the number
+    of tokens. It is opaque to megatron (stored and passed back); the npu kernels' is ``[2, tokens, topk]`` int32
+    (:mod:`.permutation_npu`)."""
     rows = torch.full(routing_map.shape, -1, dtype=torch.int64, device=routing_map.device)
     rows[token_ids, expert_ids] = torch.arange(token_ids.numel(), device=routing_map.device)
     return rows
@@ -67,8 +50,14 @@ def moe_permute(inp: torch.Tensor, routing_map: torch.Tensor, num_out_tokens: An
                 map_type: str = "mask") -> tuple[torch.Tensor, torch.Tensor]:
     """Group ``inp``'s rows ``[tokens, hidden]`` by expert; returns ``(permuted, row_id_map)``.
 
-    ``num_out_tokens`` is the number of selected (token, expert) pairs megatron computed; the
-    routing map already holds exactly those (dropped tokens are cleared, padded ones set).
+    Rows are grouped by expert, tokens in their original order within an expert (megatron's unfused
+    order, which the grouped GEMM's ``tokens_per_expert`` splits rely on). ``num_out_tokens`` is the
+    number of selected (token, expert) pairs megatron computed; the routing map already holds exactly
+    those (dropped tokens are cleared, padded ones set). The current target's ``npu_moe_token_permute`` /
+    ``npu_moe_token_unpermute`` run where their documented limits hold (every token routed to the same
+    number of experts, float16 / bfloat16 / float32; :mod:`.permutation_npu` records why it stepped aside
+    elsewhere); else index_select / masked_select / scatter_add, differentiable by autograd. The chunk
+    sorts have no torch_npu kernel and stay split / cat on both targets.
     """
     _check_map_type("permutation.moe_permute", map_type)
     fused = npu.permute(current_target().kernels, inp, routing_map, None, num_out_tokens, "moe_permute")
