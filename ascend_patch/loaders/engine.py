@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import shutil
@@ -86,15 +87,15 @@ def prepare(load_dir: str, save_dir: str | None, loader: str, saver: str,
     loader_obj = registry.loader(loader)
     saver_obj = registry.saver(saver)
     implied = get_spec_registry().for_format_name(loader)  # --loader qwen3_hf: the qwen3 family
-    if implied is not None and "family_hint" not in options.extra:
-        options = _with_extra(options, family_hint=implied.name)
+    if implied is not None and options.family_hint is None:
+        options = dataclasses.replace(options, family_hint=implied.name)
     problems: list[Finding] = []
     if save_dir is not None:
         problems += check_output_dir(save_dir, options.force, load_dir)
     source = loader_obj.open(load_dir, options)
     problems += source.problems
     problems += check_dtype(options.params_dtype, source.dtype)
-    for flag, claimed in dict(options.extra.get("claimed") or {}).items():
+    for flag, claimed in options.claimed.items():
         actual = getattr(source.config, flag)
         if claimed and not actual:
             problems.append(Finding("flag-vs-config", f"--{flag.replace('_', '-')} was given but the {source.config.family} "
@@ -129,12 +130,6 @@ def _padding_notes(source: SourceCheckpoint, plan: TargetPlan) -> list[str]:
         return [f"the target's padded vocabulary {plan.padded_vocab} (for its TP) keeps the first {need} of {kept}; "
                 f"the last {have - need}, which belong to no token, are dropped"]
     return [f"{kept} are kept unchanged"]
-
-
-def _with_extra(options: ConvertOptions, **extra: Any) -> ConvertOptions:
-    import dataclasses
-
-    return dataclasses.replace(options, extra={**options.extra, **extra})
 
 
 def convert(load_dir: str, save_dir: str, loader: str = "hf", saver: str = "mg",
@@ -291,7 +286,7 @@ def _open_writer(target: TargetFile, path: str, options: ConvertOptions, page_of
     if target.format == "torch":
         from .torch_zip import TorchZipWriter
 
-        return TorchZipWriter(path, target.skeleton, crc=bool(options.extra.get("zip_crc", True)), page_offsets=page_offsets,
+        return TorchZipWriter(path, target.skeleton, crc=options.zip_crc, page_offsets=page_offsets,
                               crc_cache=crc_cache)
     if target.format == "distcp":
         from .torch_dist_io import DistcpWriter

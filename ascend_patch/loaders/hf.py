@@ -18,7 +18,7 @@ import re
 from collections import Counter
 from typing import Any
 
-from ..dtypes import canonical, itemsize
+from ..dtypes import itemsize
 from ..errors import Finding
 from ..models.hf_config import ModelConfig, read_config_json
 from ..models.weightmap import Piece, TensorPlan
@@ -27,6 +27,7 @@ from .formats import (CheckpointLoader, CheckpointSaver, ConvertOptions, SourceC
                       TensorInfo)
 from .preflight import check_tensors
 from .resolve import resolve_family, weight_map_for
+from .target import target_dtype
 
 __all__ = ["HFLoader", "HFSaver", "hf_weight_files", "own_format_problems", "source_from_hf_tensors", "parse_size"]
 
@@ -280,7 +281,7 @@ class HFSaver(CheckpointSaver):
     loader = "hf"
 
     def plan(self, source: SourceCheckpoint, options: ConvertOptions) -> TargetPlan:
-        dtype = canonical(options.params_dtype) if options.params_dtype else source.dtype
+        dtype = target_dtype(source, options)
         problems = own_format_problems(source.spec, self.name, "saver")
         if not source.hf_config and source.spec.config_to_hf is None:
             problems.append(Finding("hf-config", f"the source holds no HF config.json and the {source.spec.name} "

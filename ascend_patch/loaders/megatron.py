@@ -18,10 +18,8 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from ..dtypes import canonical as canonical_dtype
 from ..errors import Finding
 from ..models.registry import get_spec_registry
-from ..models.vocab import padded_vocab_size
 from ..models.weightmap import ExtraState, TensorPlan, coverage_gaps, invert
 from ..parallel import Layout, LayoutError
 from .blocks import CorruptCheckpoint
@@ -29,8 +27,9 @@ from .formats import CheckpointLoader, CheckpointSaver, ConvertOptions, SourceCh
 from .megatron_args import build_args, config_from_args
 from .megatron_layout import (RANK_FILE, RELEASE, TRACKER, chunk_names, is_distributed, iteration_dir, iteration_of,
                               parse_rank_dir, rank_coordinates, rank_dir, tracked_iteration)
-from .preflight import check_expert_split, check_pipeline_split, check_tensor_split, check_tensors, check_vocab
+from .preflight import check_tensors, check_vocab
 from .resolve import resolve_family, weight_map_for
+from .target import target_layout
 
 __all__ = ["MegatronLoader", "MegatronSaver"]
 
@@ -120,7 +119,7 @@ class MegatronLoader(CheckpointLoader):
             naming = "te_grouped" if naming == "te" else naming
         base = meta.get("hf_config") if isinstance(meta.get("hf_config"), dict) else None
         hint = meta.get("family")
-        if hint is None and not options.model_type_hf and not base and not options.extra.get("family_hint"):
+        if hint is None and not options.model_type_hf and not base and not options.family_hint:
             hint = get_spec_registry().for_megatron_args(args).name  # a checkpoint Megatron-LM wrote
         spec, fam_problems = resolve_family(options, config=base, hint=hint)
         problems += fam_problems
@@ -214,26 +213,13 @@ class MegatronSaver(CheckpointSaver):
         from .torch_zip import Slot
 
         cfg = source.config
-        tp, pp, ep = options.target_tp, options.target_pp, options.target_ep
-        vpp = options.target_vpp
-        problems = check_pipeline_split(cfg.num_layers, pp, vpp, options.num_layer_list)
-        # an MoE model's dense FFN size (intermediate_size) is not built: its experts' size is checked below
-        problems += check_tensor_split(cfg.num_attention_heads, cfg.num_query_groups,
-                                       tp if cfg.is_moe else cfg.ffn_hidden_size, tp)
-        problems += check_expert_split(cfg.num_experts, cfg.moe_ffn_hidden_size, tp, ep, options.target_etp,
-                                       bool(options.extra.get("moe_grouped_gemm")), options.naming)
-        problems += check_vocab(cfg.vocab_size, options.make_vocab_size_divisible_by, tp)
-        if options.naming not in ("local", "te", "te_grouped"):
-            problems.append(Finding("naming", f"unknown key naming {options.naming!r}", "use local or transformer_engine"))
-        if problems:
+        target, problems = target_layout(source, options)
+        if target is None:
             return TargetPlan(files=[], problems=problems)
-        layout = Layout.build(cfg.num_layers, tp, pp, vpp, options.num_layer_list, ep=ep)
-        padded = padded_vocab_size(cfg.vocab_size, options.make_vocab_size_divisible_by, tp)
-        dtype = canonical_dtype(options.params_dtype) if options.params_dtype else source.dtype
-        iteration: int | str = options.iteration if options.iteration is not None else (
-            source.iteration if source.format in ("mg", "torch_dist") and source.iteration is not None else 1)
+        layout, padded, dtype, iteration = target.layout, target.padded_vocab, target.dtype, target.iteration
+        pp, ep = layout.pp, layout.ep
         args = build_args(cfg, layout, padded_vocab=padded, divisor=options.make_vocab_size_divisible_by,
-                          dtype=dtype, naming=options.naming, iteration=iteration)
+                          dtype=dtype, naming=target.naming, iteration=iteration)
         meta = {"format_version": 1, "family": source.spec.name, "vocab_size": cfg.vocab_size,
                 "hf_config": _jsonable(source.hf_config) if source.hf_config else None,
                 "generation_config": _jsonable(source.generation_config) if source.generation_config else None,

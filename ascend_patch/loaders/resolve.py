@@ -23,7 +23,7 @@ def resolve_family(options: ConvertOptions, config: Mapping[str, Any] | None = N
     """The spec for this checkpoint, and a problem if ``--model-type-hf`` contradicts the config."""
     registry = get_spec_registry()
     problems: list[Finding] = []
-    hint = hint or options.extra.get("family_hint")
+    hint = hint or options.family_hint
     from_config = registry.for_hf_config(config) if config else None
     if options.model_type_hf:
         spec = registry.get(options.model_type_hf)

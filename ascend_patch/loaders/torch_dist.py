@@ -28,7 +28,6 @@ from ..dtypes import canonical as canonical_dtype
 from ..dtypes import itemsize
 from ..errors import Finding
 from ..models.registry import get_spec_registry
-from ..models.vocab import padded_vocab_size
 from ..models.weightmap import ExtraState, Piece, TensorPlan, WeightMap, coverage_gaps, invert
 from ..parallel import Layout, LayoutError
 from .blocks import CorruptCheckpoint, contiguous
@@ -37,8 +36,9 @@ from .megatron_args import build_args, config_from_args
 from .megatron_layout import (DIST_COMMON, DIST_CONTENT, DIST_CONTENT_JSON, DIST_METADATA, RELEASE, TRACKER,
                               dist_cell, dist_local_spec_name, dist_object_key, distcp_name, is_distributed, iteration_dir, iteration_of,
                               tracked_iteration)
-from .preflight import check_expert_split, check_tensor_split, check_vocab
+from .preflight import check_vocab
 from .resolve import resolve_family, weight_map_for
+from .target import target_layout
 
 __all__ = ["DistEntry", "TorchDistLoader", "TorchDistSaver", "dist_entries", "inspect_dist", "locate_dist"]
 
@@ -205,7 +205,7 @@ class TorchDistLoader(CheckpointLoader):
         meta = common.get("ascend_patch") if isinstance(common.get("ascend_patch"), dict) else {}
         base = meta.get("hf_config") if isinstance(meta.get("hf_config"), dict) else None
         hint = meta.get("family")
-        if hint is None and not options.model_type_hf and not base and not options.extra.get("family_hint"):
+        if hint is None and not options.model_type_hf and not base and not options.family_hint:
             hint = get_spec_registry().for_megatron_args(args).name
         spec, problems = resolve_family(options, config=base, hint=hint)
         vocab = options.true_vocab_size or meta.get("vocab_size") or getattr(args, "vocab_size", None)
@@ -348,23 +348,10 @@ class TorchDistSaver(CheckpointSaver):
 
         cfg = source.config
         tp = options.target_tp
-        # torch_dist is re-sharded on load: the target TP only decides the vocabulary padding, and it
-        # must be a TP the model can be split over
-        problems = check_tensor_split(cfg.num_attention_heads, cfg.num_query_groups, cfg.ffn_hidden_size, tp)
-        problems += check_vocab(cfg.vocab_size, options.make_vocab_size_divisible_by, tp)
-        # EP and expert-TP are chosen at launch as well; given here, they are checked as the training run
-        # will use them (any expert-TP: this format has no per-TP-rank files that would have to agree with TP)
-        problems += [f for f in check_expert_split(cfg.num_experts, cfg.moe_ffn_hidden_size, tp, options.target_ep,
-                                                   options.target_etp) if f.code != "etp-vs-tp"]
-        if options.naming not in ("local", "te", "te_grouped"):
-            problems.append(Finding("naming", f"unknown key naming {options.naming!r}", "use local or transformer_engine"))
-        if problems:
+        target, problems = target_layout(source, options, per_rank_files=False)
+        if target is None:
             return TargetPlan(files=[], problems=problems)
-        padded = padded_vocab_size(cfg.vocab_size, options.make_vocab_size_divisible_by, tp)
-        dtype = canonical_dtype(options.params_dtype) if options.params_dtype else source.dtype
-        iteration: int | str = options.iteration if options.iteration is not None else (
-            source.iteration if source.format in ("mg", self.name) and source.iteration is not None else 1)
-        layout = Layout.build(cfg.num_layers, 1, 1, 1)
+        layout, padded, dtype, iteration = target.layout, target.padded_vocab, target.dtype, target.iteration
         wm = source.weight_map
         items: list[tuple[DistItem, TensorPlan | None]] = []
         dtypes: dict[str, str] = {}

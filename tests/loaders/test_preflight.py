@@ -105,7 +105,7 @@ def test_output_inside_source_and_bad_divisor(tmp_path, hf_checkpoint):
 
 def test_flags_contradicting_the_config(tmp_path, hf_checkpoint):
     hf, _ = hf_checkpoint("llama")
-    err = _refused(tmp_path, hf, extra={"claimed": {"qk_layernorm": True}})
+    err = _refused(tmp_path, hf, claimed={"qk_layernorm": True})
     assert "flag-vs-config" in err.codes()
 
 
