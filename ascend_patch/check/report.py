@@ -79,9 +79,9 @@ def _model_from_hf(path: str) -> ModelDims:
     cfg = read_config_json(path)
     spec = get_spec_registry().for_hf_config(cfg)
     mc = spec.config_from_hf(cfg)
-    experts = next((cfg[k] for k in ("num_experts", "num_local_experts", "n_routed_experts") if cfg.get(k)), None)
+    # the family's config map reads its experts (a dense family has none, whatever keys config.json holds)
     return ModelDims(f"{spec.name} from {path}", mc.num_layers, mc.num_attention_heads, mc.num_query_groups,
-                     mc.hidden_size, mc.ffn_hidden_size, int(experts) if experts else None)
+                     mc.hidden_size, mc.ffn_hidden_size, mc.num_experts if mc.is_moe else None)
 
 
 def _joint_tp_sizes(m: ModelDims, world_size: int, pp: int, cp: int) -> str:

@@ -17,10 +17,13 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..dtypes import short_name
 from ..errors import AscendPatchError
+
+if TYPE_CHECKING:
+    from .registry import Traits
 
 __all__ = ["ModelConfig", "ConfigMismatch", "hf_config_dict", "load_hf_config", "read_config_json",
            "rope_scaling_kwargs", "sliding_window"]
@@ -245,8 +248,18 @@ def sliding_window(cfg: Mapping[str, Any]) -> int | None:
 
 
 def load_hf_config(cfg: Mapping[str, Any], family: str, *, qk_layernorm: bool = False,
-                   add_qkv_bias: bool | None = None, default_tied: bool = False) -> ModelConfig:
-    """Normalise a llama-style config (llama, mistral, qwen2, qwen3) into a ModelConfig."""
+                   add_qkv_bias: bool | None = None, default_tied: bool = False,
+                   traits: Traits | None = None) -> ModelConfig:
+    """Normalise a llama-style config (llama, mistral, qwen2, qwen3) into a ModelConfig.
+
+    ``traits`` (the family's :class:`~.registry.Traits`) decide the three keywords: q/k norm
+    and the q/k/v bias where the family always has them (else ``attention_bias`` says), and
+    whether embeddings are tied when config.json does not say.
+    """
+    if traits is not None:
+        qk_layernorm = bool(traits.qk_norm)
+        add_qkv_bias = True if traits.qkv_bias else None
+        default_tied = traits.tied
     heads = int(_need(cfg, "num_attention_heads", family))
     hidden = int(_need(cfg, "hidden_size", family))
     groups = int(cfg.get("num_key_value_heads") or heads)

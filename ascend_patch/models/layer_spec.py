@@ -22,7 +22,7 @@ from megatron.core.transformer.transformer_layer import TransformerLayer, Transf
 
 from .attention import ContextParallelAttention
 
-__all__ = ["dense_layer_spec", "family_layer_spec", "moe_layer_spec"]
+__all__ = ["dense_layer_spec", "family_layer_spec", "moe_layer_spec", "traits_layer_spec"]
 
 _NORMS = ("LayerNorm", "RMSNorm")
 
@@ -102,3 +102,9 @@ def moe_layer_spec(config: Any, normalization: str, qk_layernorm: bool, num_expe
     layer.submodules = dataclasses.replace(layer.submodules, mlp=mlp, sharded_state_dict_keys_map={
         "input_layernorm.": "self_attention.linear_qkv.layer_norm_"})
     return layer
+
+
+def traits_layer_spec(traits: Any, config: Any) -> ModuleSpec:
+    """The layer spec a family's :class:`~.registry.Traits` describe: dense or MoE, its norm, q/k norm."""
+    build = moe_layer_spec if traits.moe else family_layer_spec
+    return build(config, traits.normalization, bool(traits.qk_norm))
