@@ -21,7 +21,7 @@ import numpy as np
 
 from ..dtypes import itemsize, torch_dtype
 from ..errors import AscendPatchError
-from ..models.weightmap import Piece, TensorPlan
+from ..models.weightmap import Piece, TensorPlan, WeightMapError
 
 if TYPE_CHECKING:
     from .formats import TensorInfo
@@ -247,5 +247,6 @@ class BlockFiller:
             region[...] = sub if info.dtype == dtype else cast_raw(np.ascontiguousarray(sub), info.dtype, dtype)
         expected = (stop - start) * math.prod(plan.shape[1:])
         if covered != expected:
-            raise AssertionError(f"pieces of {plan.key} cover {covered} of {expected} elements in rows "
-                                 f"{start}..{stop}; the weight map is inconsistent")
+            raise WeightMapError(f"pieces of {plan.key} cover {covered} of {expected} elements in rows {start}..{stop}: "
+                                 "the weight map is inconsistent", "coverage", "fix the family's weights.py (its rules "
+                                 "must cover every element of each tensor exactly once)")

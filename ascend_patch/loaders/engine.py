@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from ..dtypes import itemsize
-from ..errors import AscendPatchError, Finding
+from ..errors import AscendPatchError, Finding, FindingError
 from ..models.registry import get_spec_registry
 from ..models.weightmap import Piece, TensorPlan, compose, is_padding
 from ..parallel import LayoutError
@@ -292,7 +292,8 @@ def _open_writer(target: TargetFile, path: str, options: ConvertOptions, page_of
         from .torch_dist_io import DistcpWriter
 
         return DistcpWriter(path, target.skeleton["items"])
-    raise ValueError(f"{target.relpath}: unknown output file format {target.format!r} (safetensors, torch or distcp)")
+    raise FindingError(f"{target.relpath}: unknown output file format {target.format!r}", "output-format",
+                       "a saver's TargetFile.format is safetensors, torch or distcp")
 
 
 def _write_small(path: str, data: bytes) -> None:

@@ -20,6 +20,7 @@ import os
 import re
 from collections.abc import Iterable
 
+from ..errors import FindingError
 from .blocks import CorruptCheckpoint
 
 __all__ = [
@@ -204,5 +205,6 @@ def chunk_index(name: str) -> int:
     """``model`` -> 0, ``model3`` -> 3."""
     m = _CHUNK.match(name)
     if m is None:
-        raise ValueError(f"{name!r} is not a model chunk name (model, model0, model1, ...)")
+        raise FindingError(f"{name!r} is not a model chunk name", "chunk-name",
+                           "a Megatron rank file holds model, or model0, model1, ... (one per virtual stage)")
     return int(m.group(1) or 0)

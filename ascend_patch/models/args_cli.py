@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..dtypes import DTYPES, SHORT_NAMES
-from ..errors import Finding
+from ..errors import AscendPatchError, Finding
 from .hf_config import ModelConfig, read_config_json
 
 __all__ = ["disagreements", "format_args", "model_config_from_path", "register"]
@@ -180,7 +180,12 @@ def _cmd_args(ns: argparse.Namespace) -> int:
         if not problems:
             print(f"the {len(_parse_argv(check))} given arguments agree with {ns.hf_config}")
         return 1 if problems else 0
-    print(format_args(mc, spec, ns.format, ns.tensor_model_parallel_size, ns.make_vocab_size_divisible_by))
+    try:
+        text = format_args(mc, spec, ns.format, ns.tensor_model_parallel_size, ns.make_vocab_size_divisible_by)
+    except AscendPatchError as exc:  # a size that is not one (--make-vocab-size-divisible-by 0)
+        print(f"ascend-patch args: {exc}", file=sys.stderr)
+        return 2
+    print(text)
     for note in mc.notes:  # stderr: the arguments on stdout stay usable as they are (--format argv)
         print(f"note: {note}", file=sys.stderr)
     return 0

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..dtypes import short_name
-from ..errors import AscendPatchError
+from ..errors import FindingError
 
 if TYPE_CHECKING:
     from .registry import Traits
@@ -29,8 +29,8 @@ __all__ = ["ModelConfig", "ConfigMismatch", "hf_config_dict", "load_hf_config", 
            "rope_scaling_kwargs", "sliding_window"]
 
 
-class ConfigMismatch(AscendPatchError, ValueError):
-    """An HF config lacks a field the family needs, or has one it cannot honour."""
+class ConfigMismatch(FindingError):
+    """A model config lacks a field the family needs, or asks for what the model cannot do (``remedy``: what to do)."""
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
 
 from .attention import ContextParallelAttention
+from .hf_config import ConfigMismatch
 
 __all__ = ["dense_layer_spec", "family_layer_spec", "moe_layer_spec", "traits_layer_spec"]
 
@@ -30,7 +31,8 @@ _NORMS = ("LayerNorm", "RMSNorm")
 def dense_layer_spec(normalization: str = "RMSNorm", qk_layernorm: bool = False) -> ModuleSpec:
     """A decoder layer: norm -> self-attention (q/k norm optional) -> norm -> MLP, with residuals."""
     if normalization not in _NORMS:
-        raise ValueError(f"normalization={normalization!r} is not supported; use one of {', '.join(_NORMS)}")
+        raise ConfigMismatch(f"normalization={normalization!r} is not supported", "normalization",
+                             f"use one of {', '.join(_NORMS)} (--normalization)")
     provider = LocalSpecProvider()
     rms = normalization == "RMSNorm"
     norm = provider.layer_norm(rms_norm=rms, for_qk=False)
@@ -96,7 +98,8 @@ def moe_layer_spec(config: Any, normalization: str, qk_layernorm: bool, num_expe
     experts = num_experts or getattr(config, "num_experts", None) or getattr(config, "num_moe_experts", None)
     grouped = grouped_gemm or bool(getattr(config, "moe_grouped_gemm", False))  # Megatron-LM's --moe-grouped-gemm
     if not experts:
-        raise ValueError("an MoE layer spec needs the number of experts (num_experts)")
+        raise ConfigMismatch("an MoE layer spec needs the number of experts", "num-experts",
+                             "give --num-experts (the config's num_experts)")
     mlp = get_moe_module_spec_for_backend(LocalSpecProvider(), num_experts=int(experts),
                                           moe_grouped_gemm=grouped, moe_use_legacy_grouped_gemm=grouped)
     layer.submodules = dataclasses.replace(layer.submodules, mlp=mlp, sharded_state_dict_keys_map={

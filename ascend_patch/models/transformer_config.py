@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..dtypes import SHORT_NAMES
-from .hf_config import ModelConfig, rope_scaling_kwargs
+from .hf_config import ConfigMismatch, ModelConfig, rope_scaling_kwargs
 from .vocab import padded_vocab_size
 
 __all__ = ["transformer_config_kwargs", "transformer_config", "gpt_model_kwargs", "rope_scaling_kwargs"]
@@ -37,7 +37,7 @@ def transformer_config_kwargs(mc: ModelConfig, dtype: str | None = None, **overr
 
     dtype = dtype or mc.params_dtype
     if dtype not in SHORT_NAMES:
-        raise ValueError(f"dtype {dtype!r}: use one of {', '.join(SHORT_NAMES)}")
+        raise ConfigMismatch(f"dtype {dtype!r} is not a training dtype", "dtype", f"use one of {', '.join(SHORT_NAMES)}")
     params_dtype = getattr(torch, SHORT_NAMES[dtype])
     kwargs: dict[str, Any] = dict(
         num_layers=mc.num_layers,

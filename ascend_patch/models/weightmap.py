@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ..errors import FindingError
 from ..parallel import Layout, LayoutError
 from .hf_config import ModelConfig
 from .pieces import Piece, Shape, TensorPlan, compose, coverage_gaps, invert, is_padding, padding_key
@@ -41,6 +42,8 @@ __all__ = [
     "Experts",
     "WeightMap",
     "NAMINGS",
+    "RuleIncomplete",
+    "WeightMapError",
     "invert",
     "compose",
     "padding_key",
@@ -48,7 +51,15 @@ __all__ = [
     "coverage_gaps",
 ]
 
-NAMINGS = ("local", "te", "te_grouped")  # te_grouped: the TE spec with grouped-GEMM experts (TEGroupedMLP)
+NAMINGS = ("local", "te", "te_grouped")
+
+
+class WeightMapError(FindingError):
+    """A weight map that does not describe its tensors consistently (a family's or a plugin's ``weights.py``)."""
+
+
+class RuleIncomplete(WeightMapError, NotImplementedError):
+    """A rule class that lacks part of the rule contract (also a NotImplementedError, as it was)."""  # te_grouped: the TE spec with grouped-GEMM experts (TEGroupedMLP)
 
 
 @dataclass(frozen=True)
@@ -96,15 +107,17 @@ class Rule:
     def kind(self) -> str:
         return type(self).__name__
 
-    def hf_shapes(self) -> dict[str, Shape]:  # pragma: no cover - abstract
-        raise NotImplementedError
+    def hf_shapes(self) -> dict[str, Shape]:
+        raise RuleIncomplete(f"weight-map rule {self.kind} ({self.mg}) does not say which HF tensors it reads",
+                             "rule", "implement hf_shapes() in the rule class (see ascend_patch.models.weightmap)")
 
     def mg_key(self, naming: str) -> str:
         return self.te if (naming in ("te", "te_grouped") and self.te) else self.mg
 
     def shard(self, names: Mapping[str, str], tp: int, rank: int, padded_vocab: int) -> tuple[Shape, tuple[Piece, ...]]:
         """(shape, pieces) of TP rank ``rank``; ``names`` maps template -> concrete HF key."""
-        raise NotImplementedError  # pragma: no cover
+        raise RuleIncomplete(f"weight-map rule {self.kind} ({self.mg}) does not say how a TP rank's tensor is cut",
+                             "rule", "implement shard() in the rule class (see ascend_patch.models.weightmap)")
 
 
 @dataclass(frozen=True)

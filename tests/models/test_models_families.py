@@ -240,3 +240,38 @@ def test_no_code_outside_the_family_folders_names_a_family():
                 found.append(f"{where}:{node.lineno}: {node.value!r}")
     assert len(files) > 30 and found == []
 
+
+def test_what_users_hit_is_the_packages_error_with_a_remedy(tmp_path, capsys):
+    """A plugin's incomplete rule, a bad vocabulary divisor, an unknown norm: AscendPatchError with a remedy,
+    never a bare NotImplementedError / ValueError / AssertionError (a command prints it; it is no traceback)."""
+    import dataclasses
+    import json
+
+    from ascend_patch.errors import AscendPatchError
+    from ascend_patch.models.args_cli import register
+    from ascend_patch.models.vocab import padded_vocab_size
+    from ascend_patch.models.weightmap import Rule, RuleIncomplete
+
+    @dataclasses.dataclass(frozen=True)
+    class Half(Rule):  # a plugin's rule that forgot shard()
+        def hf_shapes(self):
+            return {"x": (4,)}
+
+    with pytest.raises(RuleIncomplete) as info:
+        Half(mg="decoder.x").shard({"x": "x"}, 2, 0, 0)
+    assert isinstance(info.value, AscendPatchError) and isinstance(info.value, NotImplementedError)
+    assert str(info.value) == ("weight-map rule Half (decoder.x) does not say how a TP rank's tensor is cut; "
+                               "implement shard() in the rule class (see ascend_patch.models.weightmap)")
+    with pytest.raises(AscendPatchError) as info:
+        padded_vocab_size(300, 0, 1)
+    assert info.value.code == "vocab-size" and "must all be positive; fix the size" in str(info.value)
+    with pytest.raises(ConfigMismatch) as info:
+        importlib.import_module("ascend_patch.models.layer_spec").dense_layer_spec("ScaleNorm")
+    assert str(info.value) == "normalization='ScaleNorm' is not supported; use one of LayerNorm, RMSNorm (--normalization)"
+    # the command: exit 2 and the message, for a divisor of 0
+    (tmp_path / "config.json").write_text(json.dumps({**_TINY, "model_type": "qwen3"}))
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    ns = parser.parse_args(["args", "--hf-config", str(tmp_path), "--make-vocab-size-divisible-by", "0"])
+    assert ns.func(ns) == 2
+    assert capsys.readouterr().err.startswith("ascend-patch args: vocab_size 300, divisor 0 and TP 1 must all be positive")
