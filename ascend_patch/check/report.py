@@ -1,9 +1,4 @@
-"""What ``ascend-patch check`` finds, as data: the rank layout, the model, the checkpoint, every error.
-
-:func:`preflight` takes the world, the parallel sizes (Megatron's names), optionally the
-model (an HF config, sizes, a Megatron command line) and a checkpoint directory, and
-returns a :class:`CheckReport`; :mod:`.cli` prints it.
-"""
+"""What ``ascend-patch check`` finds, as data: the rank layout, the model, the checkpoint, every error."""
 
 from __future__ import annotations
 
@@ -118,6 +113,9 @@ def _node_warnings(report: CheckReport, layout: Layout) -> None:
                 break
 
 
+# :func:`preflight` takes the world, the parallel sizes (Megatron's names), optionally the
+# model (an HF config, sizes, a Megatron command line) and a checkpoint directory, and
+# returns a :class:`CheckReport`; :mod:`.cli` prints it.
 def preflight(world_size: int | None = None, nnodes: int | None = None, nproc_per_node: int | None = None,
               tp: int | None = None, pp: int | None = None, cp: int | None = None, ep: int | None = None,
               etp: int | None = None,

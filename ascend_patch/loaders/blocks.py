@@ -1,13 +1,4 @@
-"""Bounded-memory tensor I/O on raw bytes: no torch unless a dtype must change.
-
-Tensors are handled as numpy arrays of same-width unsigned integers ("raw" views: a
-bf16 tensor is a uint16 array), which is all that moving, slicing and padding need and
-keeps equality bitwise. A piece whose source and destination are both whole contiguous
-rows in the same dtype is copied file to file (``os.copy_file_range``: the bytes never
-enter this process). Everything else is assembled in a block of at most ``block_bytes``
-read with ``os.preadv`` (no mmap, so pages never accumulate in the resident set) and
-written with ``os.pwrite``. Casting (fp32 -> bf16, ...) is the only step that imports torch.
-"""
+"""Bounded-memory tensor I/O on raw bytes: no torch unless a dtype must change."""
 
 from __future__ import annotations
 
@@ -40,6 +31,13 @@ __all__ = [
     "copy_through",
 ]
 
+# Tensors are handled as numpy arrays of same-width unsigned integers ("raw" views: a
+# bf16 tensor is a uint16 array), which is all that moving, slicing and padding need and
+# keeps equality bitwise. A piece whose source and destination are both whole contiguous
+# rows in the same dtype is copied file to file (``os.copy_file_range``: the bytes never
+# enter this process). Everything else is assembled in a block of at most ``block_bytes``
+# read with ``os.preadv`` (no mmap, so pages never accumulate in the resident set) and
+# written with ``os.pwrite``. Casting (fp32 -> bf16, ...) is the only step that imports torch.
 _RAW = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 

@@ -1,11 +1,4 @@
-"""``ascend-patch convert`` and ``ascend-patch verify``.
-
-``convert`` takes the flags MindSpeed-LLM's ``convert_ckpt.py`` users type
-(``--load-model-type hf --save-model-type mg --model-type-hf qwen3
---target-tensor-parallel-size 2 ...``) and Megatron-LM's ``--loader/--saver`` form.
-Flags those tools need for their own machinery (``--use-mcore-models``,
-``--tokenizer-model``, ``--megatron-path``) are accepted and have no effect here.
-"""
+"""``ascend-patch convert`` and ``ascend-patch verify``."""
 
 from __future__ import annotations
 
@@ -16,6 +9,15 @@ from typing import Any
 from ..dtypes import SHORT_NAMES
 from ..errors import AscendPatchError
 from ..parallel import ParallelConfigError
+
+_CONVERT_HELP = """``ascend-patch convert`` and ``ascend-patch verify``.
+
+``convert`` takes the flags MindSpeed-LLM's ``convert_ckpt.py`` users type
+(``--load-model-type hf --save-model-type mg --model-type-hf qwen3
+--target-tensor-parallel-size 2 ...``) and Megatron-LM's ``--loader/--saver`` form.
+Flags those tools need for their own machinery (``--use-mcore-models``,
+``--tokenizer-model``, ``--megatron-path``) are accepted and have no effect here.
+"""
 
 __all__ = ["register", "options_from_args", "run_convert", "run_verify", "saver_for"]
 
@@ -208,7 +210,7 @@ def run_verify(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     conv = sub.add_parser("convert", help="convert checkpoints: Hugging Face <-> Megatron, any TP/PP, streaming",
-                          description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                          description=_CONVERT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_convert_arguments(conv)
     conv.set_defaults(func=run_convert)
 

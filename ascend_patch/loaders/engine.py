@@ -1,15 +1,4 @@
-"""The convert engine: resolve, preflight, compose, stream, commit atomically, verify.
-
-1. The loader describes the source (headers only); the saver plans the target in
-   canonical (HF) terms; every target tensor is composed onto source bytes.
-2. Preflight collects every problem (model vs layout, source tensors, dtype, output
-   directory, disk space) and refuses with all of them before any work.
-3. Each output file is written into a staging directory next to ``--save-dir``, block
-   by block (bounded memory), by worker threads (:mod:`.parallel_write`); side files
-   follow, the tracker / ``config.json`` last;
-   only then is the staging directory moved into place. An interrupted run leaves no
-   output that looks valid (SIGTERM and Ctrl-C also remove the staging directory).
-"""
+"""The convert engine: resolve, preflight, compose, stream, commit atomically, verify."""
 
 from __future__ import annotations
 
@@ -132,9 +121,18 @@ def _padding_notes(source: SourceCheckpoint, plan: TargetPlan) -> list[str]:
     return [f"{kept} are kept unchanged"]
 
 
+# 1. The loader describes the source (headers only); the saver plans the target in
+#    canonical (HF) terms; every target tensor is composed onto source bytes.
+# 2. Preflight collects every problem (model vs layout, source tensors, dtype, output
+#    directory, disk space) and refuses with all of them before any work.
+# 3. Each output file is written into a staging directory next to ``--save-dir``, block
+#    by block (bounded memory), by worker threads (:mod:`.parallel_write`); side files
+#    follow, the tracker / ``config.json`` last;
+#    only then is the staging directory moved into place. An interrupted run leaves no
+#    output that looks valid (SIGTERM and Ctrl-C also remove the staging directory).
 def convert(load_dir: str, save_dir: str, loader: str = "hf", saver: str = "mg",
             options: ConvertOptions | None = None, on_progress: Progress | None = None) -> ConversionResult:
-    """Convert the checkpoint at ``load_dir`` into ``save_dir`` (see the module docstring)."""
+    """Convert the checkpoint at ``load_dir`` into ``save_dir`` (the steps are in the comment above)."""
     options = options or ConvertOptions()
     source, plan = prepare(load_dir, save_dir, loader, saver, options)
     result = ConversionResult(source, plan, save_dir)

@@ -1,18 +1,4 @@
-"""Checkpoint formats as plugins: the loader / saver classes and the registry that names them.
-
-A **loader** (:class:`CheckpointLoader`) opens a checkpoint directory and describes it
-as a :class:`SourceCheckpoint`: the model (family spec, normalised config, weight map),
-every physical tensor it holds (:class:`TensorInfo`: file, byte offset, shape, dtype),
-and how the *canonical* tensors — the Hugging Face ones — are assembled from them.
-Nothing is read beyond headers. A **saver** (:class:`CheckpointSaver`) turns a source
-into a :class:`TargetPlan`: the files to write, each tensor as pieces of canonical
-tensors, and the small side files (config.json, index, tracker). The engine
-(:mod:`ascend_patch.loaders.engine`) streams the bytes between them.
-
-Plugins return instances from the ``ascend_patch_checkpoint_loaders`` /
-``ascend_patch_checkpoint_savers`` hooks; built-ins (``hf``, ``mg``) register the same
-way. Names and aliases are unique across plugins; an unknown name lists the known ones.
-"""
+"""Checkpoint formats as plugins: the loader and saver classes, what they exchange, the registry that names them."""
 
 from __future__ import annotations
 
@@ -58,6 +44,18 @@ REGISTER_HINT = ("a plugin adds one by returning a CheckpointLoader / Checkpoint
                  "'ascend_patch'; see docs/convert.md#writing-a-loader-plugin")
 
 
+# A **loader** (:class:`CheckpointLoader`) opens a checkpoint directory and describes it
+# as a :class:`SourceCheckpoint`: the model (family spec, normalised config, weight map),
+# every physical tensor it holds (:class:`TensorInfo`: file, byte offset, shape, dtype),
+# and how the *canonical* tensors — the Hugging Face ones — are assembled from them.
+# Nothing is read beyond headers. A **saver** (:class:`CheckpointSaver`) turns a source
+# into a :class:`TargetPlan`: the files to write, each tensor as pieces of canonical
+# tensors, and the small side files (config.json, index, tracker). The engine
+# (:mod:`ascend_patch.loaders.engine`) streams the bytes between them.
+#
+# Plugins return instances from the ``ascend_patch_checkpoint_loaders`` /
+# ``ascend_patch_checkpoint_savers`` hooks; built-ins (``hf``, ``mg``) register the same
+# way. Names and aliases are unique across plugins; an unknown name lists the known ones.
 @dataclass(frozen=True, slots=True)  # slots: one per stored tensor, tens of thousands for an MoE model
 class TensorInfo:
     """Where one physical tensor's bytes are.

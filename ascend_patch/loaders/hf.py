@@ -1,12 +1,4 @@
-"""The ``hf`` loader and saver: Hugging Face safetensors (sharded with an index, or single).
-
-Reading also accepts ``pytorch_model.bin`` (and its index) through the weights-only
-``.pt`` reader. Writing produces what ``transformers`` ``save_pretrained`` does: one
-``model.safetensors`` or ``model-0000K-of-0000N.safetensors`` shards with
-``model.safetensors.index.json``, plus ``config.json`` (written last) and
-``generation_config.json`` when the source had one. A tied model writes no
-``lm_head.weight``.
-"""
+"""The ``hf`` loader and saver: Hugging Face safetensors (sharded with an index, or single)."""
 
 from __future__ import annotations
 
@@ -164,6 +156,12 @@ def _index_files(index_path: str, weight_map: dict[Any, Any], kind: str | tuple[
     return files
 
 
+# Reading also accepts ``pytorch_model.bin`` (and its index) through the weights-only
+# ``.pt`` reader. Writing produces what ``transformers`` ``save_pretrained`` does: one
+# ``model.safetensors`` or ``model-0000K-of-0000N.safetensors`` shards with
+# ``model.safetensors.index.json``, plus ``config.json`` (written last) and
+# ``generation_config.json`` when the source had one. A tied model writes no
+# ``lm_head.weight``.
 class HFLoader(CheckpointLoader):
     name = "hf"
     aliases = ("huggingface", "hf_safetensors")  # the families add theirs (llama_hf, qwen3_hf, ...)

@@ -1,13 +1,4 @@
-"""The ``mg`` loader and saver: Megatron's legacy ("torch") checkpoint layout.
-
-``<dir>/latest_checkpointed_iteration.txt`` names the iteration (or ``release``);
-``iter_{it:07d}/mp_rank_{tp:02d}[_{pp:03d}]/model_optim_rng.pt`` holds one rank:
-``args``, ``checkpoint_version`` (3.0), ``iteration`` and ``model`` — or ``model0``,
-``model1``, ... with virtual pipeline chunks. The saver also stores an ``ascend_patch``
-entry (the source's HF config, true vocabulary size, family) that Megatron ignores and
-that makes mg -> hf exact; the loader reads checkpoints without it (Megatron-LM's) from
-``args`` alone.
-"""
+"""The ``mg`` loader and saver: Megatron's legacy ("torch") checkpoint layout."""
 
 from __future__ import annotations
 
@@ -49,6 +40,13 @@ def _layers_in(keys: Any) -> int:
     return max(found) + 1 if found else 0
 
 
+# ``<dir>/latest_checkpointed_iteration.txt`` names the iteration (or ``release``);
+# ``iter_{it:07d}/mp_rank_{tp:02d}[_{pp:03d}]/model_optim_rng.pt`` holds one rank:
+# ``args``, ``checkpoint_version`` (3.0), ``iteration`` and ``model`` — or ``model0``,
+# ``model1``, ... with virtual pipeline chunks. The saver also stores an ``ascend_patch``
+# entry (the source's HF config, true vocabulary size, family) that Megatron ignores and
+# that makes mg -> hf exact; the loader reads checkpoints without it (Megatron-LM's) from
+# ``args`` alone.
 class MegatronLoader(CheckpointLoader):
     name = "mg"
     aliases = ("megatron", "mcore", "core", "legacy", "mg_legacy", "torch")

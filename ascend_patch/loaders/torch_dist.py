@@ -1,19 +1,4 @@
-"""The ``torch_dist`` loader and saver: Megatron-LM's default checkpoint format, without a model.
-
-megatron-core saves each tensor once, under a key without the layer number
-(``decoder.layers.self_attention.linear_qkv.weight``), as a *global* tensor: the layers
-stacked on a leading axis, TP shards placed where a TP 1 checkpoint holds them (the QKV
-groups interleaved, fc1 as [gate; up], the vocabulary padded), every rank writing the
-chunks it owns (``.metadata`` says which: offsets and sizes in the global tensor). The
-norms of its local spec keep the Transformer-Engine names (``linear_qkv.layer_norm_weight``)
-and each linear layer's extra state is a ShardedObject per layer.
-
-So a torch_dist checkpoint *is* the TP 1 / PP 1 Megatron layout, cut into boxes: the
-loader describes each stored chunk (one layer of it at a time) as a box of that layout,
-which the family's weight map already relates to the HF tensors; the saver writes that
-layout with one chunk per layer and tensor, which megatron-core re-shards on load to any
-TP / PP. Neither builds a model nor imports megatron-core; tensors stream by block.
-"""
+"""The ``torch_dist`` loader and saver: Megatron-LM's default checkpoint format, read and written without a model."""
 
 from __future__ import annotations
 
@@ -47,6 +32,19 @@ _NOT_MODEL = ("optimizer.", "rng_state", "rerun_state_machine_state")
 _FILE_BYTES = 256 * 1024 * 1024  # an output .distcp holds about this much (files are written in parallel)
 
 
+# megatron-core saves each tensor once, under a key without the layer number
+# (``decoder.layers.self_attention.linear_qkv.weight``), as a *global* tensor: the layers
+# stacked on a leading axis, TP shards placed where a TP 1 checkpoint holds them (the QKV
+# groups interleaved, fc1 as [gate; up], the vocabulary padded), every rank writing the
+# chunks it owns (``.metadata`` says which: offsets and sizes in the global tensor). The
+# norms of its local spec keep the Transformer-Engine names (``linear_qkv.layer_norm_weight``)
+# and each linear layer's extra state is a ShardedObject per layer.
+#
+# So a torch_dist checkpoint *is* the TP 1 / PP 1 Megatron layout, cut into boxes: the
+# loader describes each stored chunk (one layer of it at a time) as a box of that layout,
+# which the family's weight map already relates to the HF tensors; the saver writes that
+# layout with one chunk per layer and tensor, which megatron-core re-shards on load to any
+# TP / PP. Neither builds a model nor imports megatron-core; tensors stream by block.
 @dataclasses.dataclass(frozen=True)
 class DistEntry:
     """One model tensor of a torch_dist checkpoint: its key, the grid it is stacked on, one cell of it.

@@ -1,19 +1,4 @@
-"""Core attention for megatron-core layer specs, with context parallelism, for the family specs.
-
-megatron-core's local ``DotProductAttention`` refuses ``context_parallel_size > 1`` (only TE's
-attention has CP). :class:`ContextParallelAttention` takes its place in the ascend_patch specs
-(same constructor and forward signature, so ``SelfAttention`` builds it unchanged). It is the
-same code as the Transformer-Engine-compatible layer's ``DotProductAttention`` runs:
-
-* without CP, causal (or unmasked) attention through :func:`ascend_patch.ops.context_parallel.attend`
-  (``npu_fusion_attention`` BSND within its documented limits, else SDPA);
-* with CP, :func:`ascend_patch.ops.context_parallel.context_parallel_attention` on Megatron's
-  load-balanced split (rank r holds chunks r and 2CP-1-r), for every ``cp_comm_type``
-  megatron-core offers: ``p2p`` (ring), ``all_gather``, ``a2a`` and ``a2a+p2p`` (with
-  ``--hierarchical-context-parallel-sizes``).
-
-This module imports megatron-core; the family specs import it only when a spec is built.
-"""
+"""Core attention with context parallelism for the families' megatron-core layer specs (imports megatron-core)."""
 
 from __future__ import annotations
 
@@ -33,8 +18,21 @@ from .hf_config import ConfigMismatch
 __all__ = ["ContextParallelAttention", "all_gather_sequence", "attend"]
 
 
+# megatron-core's local ``DotProductAttention`` refuses ``context_parallel_size > 1`` (only TE's
+# attention has CP). :class:`ContextParallelAttention` takes its place in the ascend_patch specs
+# (same constructor and forward signature, so ``SelfAttention`` builds it unchanged). It is the
+# same code as the Transformer-Engine-compatible layer's ``DotProductAttention`` runs:
+#
+# * without CP, causal (or unmasked) attention through :func:`ascend_patch.ops.context_parallel.attend`
+#   (``npu_fusion_attention`` BSND within its documented limits, else SDPA);
+# * with CP, :func:`ascend_patch.ops.context_parallel.context_parallel_attention` on Megatron's
+#   load-balanced split (rank r holds chunks r and 2CP-1-r), for every ``cp_comm_type``
+#   megatron-core offers: ``p2p`` (ring), ``all_gather``, ``a2a`` and ``a2a+p2p`` (with
+#   ``--hierarchical-context-parallel-sizes``).
+#
+# This module imports megatron-core; the family specs import it only when a spec is built.
 class ContextParallelAttention(MegatronModule):
-    """Drop-in ``core_attention`` for megatron-core's ``SelfAttention`` (see the module docstring)."""
+    """Drop-in ``core_attention`` for megatron-core's ``SelfAttention`` (see the comment above)."""
 
     def __init__(self, config: Any, layer_number: int, attn_mask_type: Any, attention_type: str,
                  attention_dropout: float | None = None, softmax_scale: float | None = None,

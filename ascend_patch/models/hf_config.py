@@ -1,15 +1,4 @@
-"""Hugging Face ``config.json`` -> one normalised :class:`ModelConfig` for every family.
-
-Configs are read as they are written today and as they were: transformers 5.x
-writes ``dtype`` and nests rope settings (``"rope_parameters": {"rope_theta": ...}``);
-older files have ``torch_dtype`` and a top-level ``rope_theta`` / ``rope_scaling``.
-
-What a config asks for that the megatron-core model built from it will not do is kept,
-not dropped: ``sliding_window`` (Mistral v0.1; Qwen2/3 with ``use_sliding_window``) is
-recorded in :attr:`ModelConfig.sliding_window` and explained in :attr:`ModelConfig.notes`
-(the family specs attend over the full causal context). The weights do not depend on it,
-so conversion goes on; :func:`.transformer_config.transformer_config` warns with the note.
-"""
+"""Hugging Face ``config.json`` -> one normalised :class:`ModelConfig` for every family."""
 
 from __future__ import annotations
 
@@ -29,6 +18,15 @@ __all__ = ["ModelConfig", "ConfigMismatch", "hf_config_dict", "load_hf_config", 
            "rope_scaling_kwargs", "sliding_window"]
 
 
+# Configs are read as they are written today and as they were: transformers 5.x
+# writes ``dtype`` and nests rope settings (``"rope_parameters": {"rope_theta": ...}``);
+# older files have ``torch_dtype`` and a top-level ``rope_theta`` / ``rope_scaling``.
+#
+# What a config asks for that the megatron-core model built from it will not do is kept,
+# not dropped: ``sliding_window`` (Mistral v0.1; Qwen2/3 with ``use_sliding_window``) is
+# recorded in :attr:`ModelConfig.sliding_window` and explained in :attr:`ModelConfig.notes`
+# (the family specs attend over the full causal context). The weights do not depend on it,
+# so conversion goes on; :func:`.transformer_config.transformer_config` warns with the note.
 class ConfigMismatch(FindingError):
     """A model config lacks a field the family needs, or asks for what the model cannot do (``remedy``: what to do)."""
 

@@ -1,11 +1,4 @@
-"""The megatron-core layer spec the built-in families share: a dense pre-norm decoder layer.
-
-Built from megatron-core's own modules (``TransformerLayer``, ``SelfAttention``,
-``ColumnParallelLinear``/``RowParallelLinear``, ``MLP``, the local norm) with one change:
-the core attention is :class:`ascend_patch.models.attention.ContextParallelAttention`,
-so the specs train with context parallelism without Transformer Engine. Importing this
-module imports megatron-core; the family plugins import it only when a spec is built.
-"""
+"""The megatron-core layer spec the built-in families share: a dense pre-norm decoder layer (imports megatron-core)."""
 
 from __future__ import annotations
 
@@ -25,6 +18,11 @@ from .hf_config import ConfigMismatch
 
 __all__ = ["dense_layer_spec", "family_layer_spec", "moe_layer_spec", "traits_layer_spec"]
 
+# Built from megatron-core's own modules (``TransformerLayer``, ``SelfAttention``,
+# ``ColumnParallelLinear``/``RowParallelLinear``, ``MLP``, the local norm) with one change:
+# the core attention is :class:`ascend_patch.models.attention.ContextParallelAttention`,
+# so the specs train with context parallelism without Transformer Engine. Importing this
+# module imports megatron-core; the family plugins import it only when a spec is built.
 _NORMS = ("LayerNorm", "RMSNorm")
 
 

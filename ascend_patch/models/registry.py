@@ -1,17 +1,4 @@
-"""Model families as plugins: one :class:`ModelSpec` per family, each declared in its own folder.
-
-A family says everything about itself once: its names and the spellings users type
-(``--spec``, ``--model-type-hf``: ``qwen2.5`` is ``qwen2``), the Hugging Face model types
-and architectures it serves, the checkpoint-format names that imply it (``qwen3_hf``),
-how to recognise its Megatron checkpoints from their saved ``args``, its config map
-(both ways), the megatron-core layer spec and the weight map. Built-in families live
-in ``ascend_patch/models/<family>/``; third-party ones come from the
-``ascend_patch_model_specs`` hook; nothing elsewhere knows a family by name.
-
-``--spec qwen3`` resolves by name or alias; Megatron's two-word form
-``--spec some.module layer_spec`` resolves to that module attribute. Unknown names list
-the known ones; a name claimed twice names both plugins.
-"""
+"""Model families as plugins: one :class:`ModelSpec` per family, each declared in its own folder."""
 
 from __future__ import annotations
 
@@ -37,6 +24,17 @@ __all__ = [
     "spec_for_hf_config",
 ]
 
+# A family says everything about itself once: its names and the spellings users type
+# (``--spec``, ``--model-type-hf``: ``qwen2.5`` is ``qwen2``), the Hugging Face model types
+# and architectures it serves, the checkpoint-format names that imply it (``qwen3_hf``),
+# how to recognise its Megatron checkpoints from their saved ``args``, its config map
+# (both ways), the megatron-core layer spec and the weight map. Built-in families live
+# in ``ascend_patch/models/<family>/``; third-party ones come from the
+# ``ascend_patch_model_specs`` hook; nothing elsewhere knows a family by name.
+#
+# ``--spec qwen3`` resolves by name or alias; Megatron's two-word form
+# ``--spec some.module layer_spec`` resolves to that module attribute. Unknown names list
+# the known ones; a name claimed twice names both plugins.
 _HINT = ("A plugin adds one by implementing ascend_patch_model_specs (entry-point group 'ascend_patch'); "
          "see docs/plugins.md")
 # what Megatron-LM's argument parser gives an argument a checkpoint's args do not hold

@@ -1,13 +1,4 @@
-"""``ModelConfig`` (from an HF ``config.json``) -> megatron-core ``TransformerConfig`` and ``GPTModel`` arguments.
-
-The same facts :meth:`ModelConfig.megatron_args` prints as Megatron-LM flags, in the
-form megatron-core's Python API takes, so a program can build the model directly::
-
-    config = transformer_config(model_config, tensor_model_parallel_size=2, sequence_parallel=True)
-    model = GPTModel(config, spec.layer_spec(model_config), **gpt_model_kwargs(model_config, 2))
-
-megatron-core is imported only when :func:`transformer_config` is called.
-"""
+"""``ModelConfig`` (from an HF ``config.json``) -> megatron-core ``TransformerConfig`` and ``GPTModel`` arguments."""
 
 from __future__ import annotations
 
@@ -73,6 +64,13 @@ def transformer_config_kwargs(mc: ModelConfig, dtype: str | None = None, **overr
     return kwargs
 
 
+# The same facts :meth:`ModelConfig.megatron_args` prints as Megatron-LM flags, in the
+# form megatron-core's Python API takes, so a program can build the model directly::
+#
+#     config = transformer_config(model_config, tensor_model_parallel_size=2, sequence_parallel=True)
+#     model = GPTModel(config, spec.layer_spec(model_config), **gpt_model_kwargs(model_config, 2))
+#
+# megatron-core is imported only when :func:`transformer_config` is called.
 def transformer_config(mc: ModelConfig, dtype: str | None = None, **overrides: Any) -> Any:
     """A megatron-core ``TransformerConfig`` for ``mc`` (see :func:`transformer_config_kwargs`)."""
     from megatron.core.transformer.transformer_config import TransformerConfig

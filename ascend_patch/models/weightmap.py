@@ -1,22 +1,4 @@
-"""Declarative HF <-> Megatron weight maps: rules and parallel layouts (the piece algebra is :mod:`.pieces`).
-
-A family's ``weights.py`` lists *rules* (``Replicated``, ``ColumnParallel``,
-``RowParallel``, ``QKV``, ``GatedMLP``, ``VocabParallel``), each naming the Hugging
-Face tensor(s), their shape, and the megatron-core key. Given a
-:class:`~ascend_patch.parallel.Layout` (TP, PP, virtual pipeline chunks, layers per chunk) the map
-answers, for every Megatron rank, which tensors that rank holds and how each is
-assembled from rectangular *pieces* of the HF tensors. Inverting and composing
-pieces gives mg -> hf and mg -> mg without a second description, and lets the
-converter stream: every output block is filled from exactly the source bytes it needs.
-
-Megatron's vocabulary padding rows are pieces of a canonical tensor of their own,
-:func:`padding_key` of the HF key, which no HF checkpoint holds: an mg -> mg conversion
-carries the rows a Megatron source holds (Megatron-LM trains them, and its cross
-entropy includes their logits), and :func:`compose` fills the rows a source lacks
-(an HF source, or a larger padded vocabulary) with zeros.
-
-Nothing here imports torch: a map is plain data.
-"""
+"""Declarative HF <-> Megatron weight maps: rules and parallel layouts (the piece algebra is :mod:`.pieces`)."""
 
 from __future__ import annotations
 
@@ -51,6 +33,22 @@ __all__ = [
     "coverage_gaps",
 ]
 
+# A family's ``weights.py`` lists *rules* (``Replicated``, ``ColumnParallel``,
+# ``RowParallel``, ``QKV``, ``GatedMLP``, ``VocabParallel``), each naming the Hugging
+# Face tensor(s), their shape, and the megatron-core key. Given a
+# :class:`~ascend_patch.parallel.Layout` (TP, PP, virtual pipeline chunks, layers per chunk) the map
+# answers, for every Megatron rank, which tensors that rank holds and how each is
+# assembled from rectangular *pieces* of the HF tensors. Inverting and composing
+# pieces gives mg -> hf and mg -> mg without a second description, and lets the
+# converter stream: every output block is filled from exactly the source bytes it needs.
+#
+# Megatron's vocabulary padding rows are pieces of a canonical tensor of their own,
+# :func:`padding_key` of the HF key, which no HF checkpoint holds: an mg -> mg conversion
+# carries the rows a Megatron source holds (Megatron-LM trains them, and its cross
+# entropy includes their logits), and :func:`compose` fills the rows a source lacks
+# (an HF source, or a larger padded vocabulary) with zeros.
+#
+# Nothing here imports torch: a map is plain data.
 NAMINGS = ("local", "te", "te_grouped")
 
 
