@@ -31,7 +31,7 @@ from ..parallel import (
 )
 
 __all__ = [
-        "PreflightError",
+    "PreflightError",
     "check_pipeline_split",
     "check_tensor_split",
     "check_expert_split",
@@ -40,6 +40,7 @@ __all__ = [
     "check_tensors",
     "check_output_dir",
     "check_disk_space",
+    "human_bytes",
     "raise_if_any",
 ]
 
@@ -280,9 +281,20 @@ def check_disk_space(save_dir: str, needed: int) -> list[Finding]:
         probe = os.path.dirname(probe)
     free = shutil.disk_usage(probe).free
     if free < needed:
-        return [Finding("disk-space", f"the output needs {needed / 1e9:.2f} GB but {probe} has {free / 1e9:.2f} GB free",
+        return [Finding("disk-space", f"the output needs {human_bytes(needed)} but {probe} has {human_bytes(free)} free",
                         "free space or choose another --save-dir")]
     return []
+
+
+def human_bytes(n: int | float) -> str:
+    """``n`` bytes in the decimal unit that fits (``512 bytes``, ``3.4 KB``, ``12.0 MB``, ``14.20 GB``, ``1.50 TB``),
+    so a small output reads as what it is rather than ``0.00 GB``."""
+    if n < 1000:
+        return f"{int(n)} byte{'' if int(n) == 1 else 's'}"
+    for unit, size, digits in (("KB", 1e3, 1), ("MB", 1e6, 1), ("GB", 1e9, 2)):
+        if n < size * 1000:
+            return f"{n / size:.{digits}f} {unit}"
+    return f"{n / 1e12:.2f} TB"
 
 
 def raise_if_any(problems: Iterable[Finding]) -> None:
