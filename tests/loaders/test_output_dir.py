@@ -25,7 +25,7 @@ def test_force_into_an_hf_dir_leaves_exactly_the_new_checkpoint(tmp_path, capsys
                                                                  exchange):
     # issue 13 item 8: the other weight layout stayed behind and from_pretrained loaded the stale one
     if not exchange:  # a kernel or file system without renameat2(RENAME_EXCHANGE): two renames
-        monkeypatch.setattr("ascend_patch.loaders.engine._exchange", lambda a, b: False)
+        monkeypatch.setattr("ascend_patch.loaders.publish._exchange", lambda a, b: False)
     old = save_model(make_model("llama", seed=1), str(tmp_path / "old"))
     new = save_model(make_model("llama", seed=2), str(tmp_path / "new"))
     out = tmp_path / "out"
