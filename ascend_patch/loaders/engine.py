@@ -148,7 +148,7 @@ def convert(load_dir: str, save_dir: str, loader: str = "hf", saver: str = "mg",
             for rel, data in {**plan.side_files, **plan.commit_files}.items():
                 _write_small(os.path.join(staging, rel), data)
             result.files = [f.relpath for f in plan.files] + list(plan.side_files) + list(plan.commit_files)
-            result.kept = publish(staging, save_dir, plan)
+            result.kept = publish(staging, save_dir, plan, options.force)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise

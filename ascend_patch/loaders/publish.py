@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 
+from ..errors import FindingError
 from .formats import TargetPlan
 
-__all__ = ["STAGING_PREFIX", "publish", "remove_stale_staging"]
+__all__ = ["OutputAppeared", "STAGING_PREFIX", "publish", "remove_stale_staging"]
 
 STAGING_PREFIX = ".ascend_patch-partial-"
 
 
-def publish(staging: str, save_dir: str, plan: TargetPlan) -> list[str]:
+def publish(staging: str, save_dir: str, plan: TargetPlan, force: bool = False) -> list[str]:
     """Move the finished staging directory into place; returns the old entries kept (see below).
+
+    Without --force, ``save_dir`` must still be absent or empty: a directory that another
+    process filled while this conversion ran (a second conversion into the same new
+    directory) is never replaced (:func:`_publish_new`).
 
     With --force into a non-empty directory the staging directory becomes the whole new
     directory: every checkpoint file of the old one goes (an old ``model.safetensors``
@@ -22,6 +28,9 @@ def publish(staging: str, save_dir: str, plan: TargetPlan) -> list[str]:
     directories are exchanged in one step where the kernel can (``renameat2``).
     """
     save_dir = os.path.abspath(save_dir)
+    if not force:
+        _publish_new(staging, save_dir)
+        return []
     if not os.path.isdir(save_dir) or not os.listdir(save_dir):
         if os.path.isdir(save_dir):
             os.rmdir(save_dir)
@@ -45,6 +54,72 @@ def publish(staging: str, save_dir: str, plan: TargetPlan) -> list[str]:
         staging = aside
     shutil.rmtree(staging, ignore_errors=True)  # the old directory
     return kept
+
+
+class OutputAppeared(FindingError):
+    """--save-dir was filled by another process while the conversion ran; nothing was replaced."""
+
+
+def _publish_new(staging: str, save_dir: str) -> None:
+    """``staging`` becomes ``save_dir``, which must not exist (an empty directory is removed first).
+
+    Preflight saw the directory absent or empty, but another process may have written it
+    since. ``renameat2(RENAME_NOREPLACE)`` makes the check and the move one step; where the
+    kernel or file system lacks it, ``rename`` still refuses a non-empty directory, and only
+    the window between the check below and the rename is open.
+    """
+    if os.path.isdir(save_dir) and not os.path.islink(save_dir) and not os.listdir(save_dir):
+        try:
+            os.rmdir(save_dir)
+        except OSError:  # filled meanwhile: the move below refuses it
+            pass
+    moved = _rename_noreplace(staging, save_dir)
+    if moved is None:
+        if os.path.lexists(save_dir):
+            raise _appeared(save_dir)
+        try:
+            os.rename(staging, save_dir)
+        except OSError as exc:
+            if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                raise _appeared(save_dir) from None
+            raise
+    elif not moved:
+        raise _appeared(save_dir)
+
+
+def _appeared(save_dir: str) -> OutputAppeared:
+    try:
+        entries = sorted(os.listdir(save_dir))
+    except OSError:
+        entries = []
+    held = (f" and now holds {len(entries)} entr{'y' if len(entries) == 1 else 'ies'}: {', '.join(entries[:5])}"
+            f"{' ...' if len(entries) > 5 else ''}") if entries else ""
+    return OutputAppeared(f"--save-dir {save_dir} was created by another process while this conversion ran{held} "
+                          "(a second conversion into the same directory?); it was not replaced, and this "
+                          "conversion's output was removed", "output-appeared",
+                          "check which run's checkpoint it holds; pass --force to replace it, or convert into "
+                          "another --save-dir")
+
+
+def _rename_noreplace(src: str, dst: str) -> bool | None:
+    """``rename`` that fails when ``dst`` exists (Linux ``renameat2(RENAME_NOREPLACE)``): True when moved,
+    False when ``dst`` exists, None where the call is not available."""
+    import ctypes
+
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    at_fdcwd, rename_noreplace = -100, 1
+    if fn(at_fdcwd, os.fsencode(src), at_fdcwd, os.fsencode(dst), rename_noreplace) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err == errno.EEXIST:
+        return False
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):  # the file system or kernel cannot
+        return None
+    raise OSError(err, os.strerror(err), dst)
 
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf", ".distcp",
