@@ -90,7 +90,7 @@ def prepare(load_dir: str, save_dir: str | None, loader: str, saver: str,
             problems.append(Finding("flag-vs-config", f"--{flag.replace('_', '-')} was given but the {source.config.family} "
                                     f"config of {load_dir} has {flag}=False", "drop the flag or fix the config"))
     plan = saver_obj.plan(source, options)
-    problems += plan.problems
+    problems += plan.problems + _vocab_problems(source, plan)
     if not problems:
         try:
             for f in plan.files:
@@ -105,11 +105,29 @@ def prepare(load_dir: str, save_dir: str | None, loader: str, saver: str,
     return source, plan
 
 
+def _vocab_problems(source: SourceCheckpoint, plan: TargetPlan) -> list[Finding]:
+    """A padded source whose true vocabulary is unknown cannot go to a target without padding (Hugging Face):
+    which of its rows are tokens and which are Megatron's padding is exactly what is unknown."""
+    if plan.padded_vocab is not None or source.padded_vocab is None or source.vocab_unknown is None:
+        return []
+    return [Finding("vocab-unknown", f"the true vocabulary of {source.path} is unknown ({source.vocab_unknown}): its "
+                    f"{source.padded_vocab} embedding rows include Megatron's padding, which a checkpoint without "
+                    "padding must not hold", "pass --true-vocab-size N, the tokenizer's vocabulary (len(tokenizer); "
+                    "config.json's vocab_size of the model it was trained from)")]
+
+
 def _padding_notes(source: SourceCheckpoint, plan: TargetPlan) -> list[str]:
-    """What an mg -> mg conversion did with the source's vocabulary padding rows (Megatron-LM trains them)."""
-    if plan.padded_vocab is None or source.padded_vocab is None or not any(map(is_padding, source.canonical)):
+    """What the conversion did with a Megatron source's vocabulary padding rows (Megatron-LM trains them)."""
+    if source.padded_vocab is None or plan.padded_vocab is None and source.vocab_unknown is not None:
         return []
     vocab = source.config.vocab_size
+    if plan.padded_vocab is None:  # a target without padding (HF): the true vocabulary only
+        cut = source.padded_vocab - vocab
+        return [f"wrote the {vocab} rows of the true vocabulary ({source.vocab_from}) and dropped the source's {cut} "
+                f"vocabulary padding row{'s' if cut != 1 else ''} after them (padded vocabulary {source.padded_vocab}), "
+                "which belong to no token"] if cut > 0 else []
+    if not any(map(is_padding, source.canonical)):
+        return []
     have, need = source.padded_vocab - vocab, plan.padded_vocab - vocab
     kept = f"the source's {have} vocabulary padding rows (after the {vocab} real ones)"
     if need > have:

@@ -105,6 +105,8 @@ class SourceCheckpoint:
     naming: str | None = None
     padded_vocab: int | None = None
     make_vocab_size_divisible_by: int | None = None
+    vocab_from: str | None = None  # how the true vocabulary of a padded source is known (--true-vocab-size, ...)
+    vocab_unknown: str | None = None  # why it is not known (then config.vocab_size is the padded size)
     iteration: int | str | None = None
     args: Any = None
     replicas: list[tuple[str, str, Piece]] = field(default_factory=list)

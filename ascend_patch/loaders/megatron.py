@@ -15,7 +15,7 @@ from ..models.weightmap import ExtraState, TensorPlan, coverage_gaps, invert
 from ..parallel import Layout, LayoutError
 from .blocks import CorruptCheckpoint
 from .formats import CheckpointLoader, CheckpointSaver, ConvertOptions, SourceCheckpoint, TargetFile, TargetPlan
-from .megatron_args import build_args, config_from_args
+from .megatron_args import build_args, config_from_args, source_vocab
 from .megatron_layout import (RANK_FILE, RELEASE, TRACKER, chunk_names, is_distributed, iteration_dir, iteration_of,
                               parse_rank_dir, rank_coordinates, rank_dir, tracked_iteration)
 from .preflight import check_tensors, check_vocab
@@ -122,12 +122,15 @@ class MegatronLoader(CheckpointLoader):
         spec, fam_problems = resolve_family(options, config=base, hint=hint)
         problems += fam_problems
         padded = getattr(args, "padded_vocab_size", None)
-        vocab = options.true_vocab_size or meta.get("vocab_size") or getattr(args, "vocab_size", None)
+        if padded is None:
+            emb = states[(0, 0, 0)][chunks[0]].get("embedding.word_embeddings.weight")
+            padded = int(emb.shape[0]) * tp if emb is not None else None
+        vocab, vocab_from = source_vocab(options.true_vocab_size, meta, args)
         notes = []
         if vocab is None:
-            notes.append(f"the true vocabulary size is unknown; keeping all {padded} padded rows "
+            notes.append(f"the true vocabulary size is unknown ({vocab_from}); keeping all {padded} padded rows "
                          "(pass --true-vocab-size to trim)")
-        cfg = spec.config_from_hf(base) if base else config_from_args(args, spec.name, vocab)
+        cfg = spec.config_from_hf(base) if base else config_from_args(args, spec.name, vocab or padded)
         if base and vocab and vocab != cfg.vocab_size:
             import dataclasses
 
@@ -138,8 +141,7 @@ class MegatronLoader(CheckpointLoader):
                                     "the checkpoint is incomplete or its stored config belongs to another model; "
                                     "re-convert or re-save it"))
         if padded is None:
-            emb = states[(0, 0, 0)][chunks[0]].get("embedding.word_embeddings.weight")
-            padded = int(emb.shape[0]) * tp if emb is not None else cfg.vocab_size
+            padded = cfg.vocab_size
         problems += check_vocab(cfg.vocab_size, int(getattr(args, "make_vocab_size_divisible_by", 1) or 1), tp,
                                 int(padded))
         wm = weight_map_for(spec, cfg)
@@ -184,7 +186,8 @@ class MegatronLoader(CheckpointLoader):
             hf_config=dict(base or {}), generation_config=meta.get("generation_config"), layout=layout,
             naming=naming, padded_vocab=int(padded),
             make_vocab_size_divisible_by=getattr(args, "make_vocab_size_divisible_by", None),
-            iteration=iteration, args=args, replicas=replicas, inventory=inventory, problems=problems, notes=notes)
+            iteration=iteration, args=args, replicas=replicas, inventory=inventory, problems=problems, notes=notes,
+            vocab_from=vocab_from if vocab is not None else None, vocab_unknown=None if vocab is not None else vocab_from)
 
     @staticmethod
     def _locate(path: str) -> tuple[str, int | str]:

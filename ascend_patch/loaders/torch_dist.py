@@ -17,7 +17,7 @@ from ..models.weightmap import ExtraState, Piece, TensorPlan, WeightMap, coverag
 from ..parallel import Layout, LayoutError
 from .blocks import CorruptCheckpoint, contiguous
 from .formats import CheckpointLoader, CheckpointSaver, ConvertOptions, SourceCheckpoint, TargetFile, TargetPlan
-from .megatron_args import build_args, config_from_args
+from .megatron_args import build_args, config_from_args, source_vocab
 from .megatron_layout import (DIST_COMMON, DIST_CONTENT, DIST_CONTENT_JSON, DIST_METADATA, RELEASE, TRACKER,
                               dist_cell, dist_local_spec_name, dist_object_key, distcp_name, is_distributed, iteration_dir, iteration_of,
                               tracked_iteration)
@@ -206,15 +206,15 @@ class TorchDistLoader(CheckpointLoader):
         if hint is None and not options.model_type_hf and not base and not options.family_hint:
             hint = get_spec_registry().for_megatron_args(args).name
         spec, problems = resolve_family(options, config=base, hint=hint)
-        vocab = options.true_vocab_size or meta.get("vocab_size") or getattr(args, "vocab_size", None)
+        vocab, vocab_from = source_vocab(options.true_vocab_size, meta, args)
         notes = []
         stored = metadata.state_dict_metadata
         emb = stored.get("embedding.word_embeddings.weight")
         padded = int(emb.size[0]) if getattr(emb, "size", None) is not None else getattr(args, "padded_vocab_size", None)
         if vocab is None:
-            notes.append(f"the true vocabulary size is unknown; keeping all {padded} padded rows "
+            notes.append(f"the true vocabulary size is unknown ({vocab_from}); keeping all {padded} padded rows "
                          "(pass --true-vocab-size to trim)")
-        cfg = spec.config_from_hf(base) if base else config_from_args(args, spec.name, vocab)
+        cfg = spec.config_from_hf(base) if base else config_from_args(args, spec.name, vocab or padded)
         if base and vocab and vocab != cfg.vocab_size:
             cfg = dataclasses.replace(cfg, vocab_size=int(vocab))
         padded = int(padded or cfg.vocab_size)
@@ -301,7 +301,8 @@ class TorchDistLoader(CheckpointLoader):
             naming="te", padded_vocab=padded,
             make_vocab_size_divisible_by=getattr(args, "make_vocab_size_divisible_by", None),
             iteration=iteration, args=args, replicas=replicas, inventory={f"{where}#model": {**found, **objects}},
-            problems=problems, notes=notes)
+            problems=problems, notes=notes,
+            vocab_from=vocab_from if vocab is not None else None, vocab_unknown=None if vocab is not None else vocab_from)
 
 
 
