@@ -163,9 +163,24 @@ class BlockFiller:
     def __init__(self, tensors: Mapping[str, TensorInfo], files: FileCache | None = None) -> None:
         self.tensors = tensors
         self.files = files or FileCache()
-        # The last rows read, per tensor: TP ranks written in lockstep ask for the same rows in turn
-        # (a row-parallel weight is read once for all ranks, not once per rank). Bounded by a block each.
-        self._recent: OrderedDict[tuple[str, int, int], np.ndarray] = OrderedDict()
+        # Source rows that another fill of the current block will read again (see expect): TP ranks written
+        # in lockstep read a row-parallel weight's rows in turn, which are read once for all of them. An
+        # entry goes when its last reader took it, so nothing outlives the block.
+        self._kept: dict[tuple[str, int, int], np.ndarray] = {}
+        self._wanted: dict[tuple[str, int, int], int] = {}
+
+    def expect(self, plans: list[TensorPlan], start: int, stop: int) -> None:
+        """Rows [start, stop) of each of ``plans`` are filled next: a source range more than one of them reads
+        is kept between those reads (and no longer); anything kept for an earlier block is dropped."""
+        wanted: dict[tuple[str, int, int], int] = {}
+        for plan in plans:
+            for piece in plan.pieces:
+                part = piece.rows(start, stop)
+                if part is not None and part.src is not None:
+                    key = (part.src, part.src_start[0], part.src_start[0] + part.size[0])
+                    wanted[key] = wanted.get(key, 0) + 1
+        self._wanted = {k: n for k, n in wanted.items() if n > 1}
+        self._kept.clear()
 
     def _plain(self, info: TensorInfo) -> bool:
         return info.reader is None and info.offset is not None and (
@@ -174,14 +189,14 @@ class BlockFiller:
     def read_rows(self, tid: str, start: int, stop: int) -> np.ndarray:
         """Rows [start, stop) of source tensor ``tid``, raw, in its own dtype (callers must not modify it)."""
         key = (tid, start, stop)
-        hit = self._recent.get(key)
-        if hit is not None:
-            self._recent.move_to_end(key)
-            return hit
-        rows = self._read_rows(tid, start, stop)
-        self._recent[key] = rows
-        while len(self._recent) > 4:
-            self._recent.popitem(last=False)
+        left = self._wanted.get(key, 0)
+        if left:
+            self._wanted[key] = left - 1
+        rows = self._kept.pop(key, None) if left <= 1 else self._kept.get(key)
+        if rows is None:
+            rows = self._read_rows(tid, start, stop)
+            if left > 1:
+                self._kept[key] = rows
         return rows
 
     def _read_rows(self, tid: str, start: int, stop: int) -> np.ndarray:

@@ -49,16 +49,22 @@ class ConversionResult:
     plan: TargetPlan
     save_dir: str
     bytes_written: int = 0
-    seconds: float = 0.0
+    seconds: float = 0.0  # the whole conversion: opening the source and preflight to publishing (not --verify)
     files: list[str] = field(default_factory=list)
     verify: Any = None
     kept: list[str] = field(default_factory=list)  # entries of the old --save-dir that were not checkpoint files
+    phases: dict[str, float] = field(default_factory=dict)  # prepare, streaming, fsync (summed over workers), publish
 
     def summary(self) -> str:
-        rate = self.bytes_written / self.seconds / 1e6 if self.seconds else 0.0
+        data, small = len(self.plan.files), len(self.plan.side_files) + len(self.plan.commit_files)
+        streaming = self.phases.get("streaming", 0.0)
+        rate = self.bytes_written / streaming / 1e6 if streaming else 0.0
+        times = ", ".join(f"{name} {self.phases[name]:.2f} s" for name in ("prepare", "streaming", "fsync", "publish")
+                          if name in self.phases)
         lines = [f"source: {self.source.describe()}", f"target: {self.plan.description}",
-                 f"wrote {len(self.files)} file(s), {self.bytes_written / 1e6:.1f} MB in {self.seconds:.2f} s "
-                 f"({rate:.0f} MB/s) to {self.save_dir}"]
+                 f"wrote {data} data file{'s' if data != 1 else ''} ({self.bytes_written / 1e6:.1f} MB) and {small} "
+                 f"small file{'s' if small != 1 else ''} to {self.save_dir} in {self.seconds:.2f} s ({times}; "
+                 f"streaming {rate:.0f} MB/s)"]
         lines += [f"note: {n}" for n in self.source.notes + self.plan.notes]
         if self.kept:
             lines.append(f"note: replaced the checkpoint in {self.save_dir}; kept {len(self.kept)} entr"
@@ -151,10 +157,11 @@ def _padding_notes(source: SourceCheckpoint, plan: TargetPlan) -> list[str]:
 def convert(load_dir: str, save_dir: str, loader: str = "hf", saver: str = "mg",
             options: ConvertOptions | None = None, on_progress: Progress | None = None) -> ConversionResult:
     """Convert the checkpoint at ``load_dir`` into ``save_dir`` (the steps are in the comment above)."""
+    start = time.perf_counter()
     options = options or ConvertOptions()
     source, plan = prepare(load_dir, save_dir, loader, saver, options)
     result = ConversionResult(source, plan, save_dir)
-    start = time.perf_counter()
+    result.phases["prepare"] = time.perf_counter() - start
     parent = os.path.dirname(os.path.abspath(save_dir))
     os.makedirs(parent, exist_ok=True)
     remove_stale_staging(parent)
@@ -162,11 +169,20 @@ def convert(load_dir: str, save_dir: str, loader: str = "hf", saver: str = "mg",
     os.mkdir(staging)
     with _signals_raise():
         try:
-            result.bytes_written = _write_all(source, plan, staging, options, on_progress)
+            synced = _Fsync(staging)
+            began = time.perf_counter()
+            result.bytes_written = _write_all(source, plan, staging, options, on_progress, synced.file)
             for rel, data in {**plan.side_files, **plan.commit_files}.items():
                 _write_small(os.path.join(staging, rel), data)
+                synced.file(rel)
+            synced.directories()  # the entries too: a power loss must not leave a published folder of empty names
+            result.phases["streaming"] = time.perf_counter() - began - synced.seconds_here
+            result.phases["fsync"] = synced.seconds
             result.files = [f.relpath for f in plan.files] + list(plan.side_files) + list(plan.commit_files)
+            began = time.perf_counter()
             result.kept = publish(staging, save_dir, plan, options.force)
+            _fsync_dir(os.path.dirname(os.path.abspath(save_dir)))  # the rename itself
+            result.phases["publish"] = time.perf_counter() - began
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
@@ -179,8 +195,58 @@ def convert(load_dir: str, save_dir: str, loader: str = "hf", saver: str = "mg",
     return result
 
 
+class _Fsync:
+    """fsync of every file written into the staging directory, and of its directories, before it is published.
+
+    Data files are synced by the worker that closed them (``write_groups``' ``finished``), while
+    the other goes on writing; ``seconds`` is the time spent in fsync, summed over threads, and
+    ``seconds_here`` the part the calling thread waited for.
+    """
+
+    def __init__(self, staging: str) -> None:
+        self.staging = staging
+        self.seconds = self.seconds_here = 0.0
+        self._lock = threading.Lock()
+
+    def file(self, target: TargetFile | str) -> None:
+        rel = target if isinstance(target, str) else target.relpath
+        began = time.perf_counter()
+        fd = os.open(os.path.join(self.staging, rel), os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self._add(time.perf_counter() - began)
+
+    def directories(self) -> None:
+        began = time.perf_counter()
+        for here, _, _ in os.walk(self.staging):
+            _fsync_dir(here)
+        self._add(time.perf_counter() - began)
+
+    def _add(self, seconds: float) -> None:
+        with self._lock:
+            self.seconds += seconds
+            if threading.current_thread() is threading.main_thread():
+                self.seconds_here += seconds
+
+
+def _fsync_dir(path: str) -> None:
+    """A directory's entries to disk (where the platform can open a directory)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # a file system that cannot sync directories
+        pass
+    finally:
+        os.close(fd)
+
+
 def _write_all(source: SourceCheckpoint, plan: TargetPlan, staging: str, options: ConvertOptions,
-               on_progress: Progress | None) -> int:
+               on_progress: Progress | None, finished: Callable[[TargetFile], None] | None = None) -> int:
     total = plan.nbytes
     bar = _progress_bar(total, options)
     if on_progress:
@@ -211,7 +277,7 @@ def _write_all(source: SourceCheckpoint, plan: TargetPlan, staging: str, options
     try:
         write_groups(_lockstep_groups(plan.files), source.tensors, options.workers or default_workers(),
                      open_writer, _write_tensor, BLOCK_BYTES, on_event,
-                     fine_events=bar is not None or on_progress is not None)
+                     fine_events=bar is not None or on_progress is not None, finished=finished)
     finally:
         if bar is not None:
             bar.close()
@@ -224,7 +290,7 @@ def _lockstep_groups(files: list[TargetFile]) -> list[list[TargetFile]]:
     groups: list[list[TargetFile]] = []
     for f in files:
         g = groups[-1] if groups else None
-        if g and g[0].format == f.format and len(g[0].tensors) == len(f.tensors) and all(
+        if g and g[0].format == f.format and g[0].dtype == f.dtype and len(g[0].tensors) == len(f.tensors) and all(
                 a.shape == b.shape for a, b in zip(g[0].tensors, f.tensors)) and len(g) < 8:
             g.append(f)
         else:
@@ -232,16 +298,25 @@ def _lockstep_groups(files: list[TargetFile]) -> list[list[TargetFile]]:
     return groups
 
 
-def _write_tensor(filler: BlockFiller, writer: Any, tensor: TensorPlan, dtype: str, buffer: np.ndarray,
-                  advance: Callable[[int], None]) -> int:
-    shape = tensor.shape or (1,)
-    if not tensor.shape:
-        tensor = TensorPlan(tensor.key, (1,), tuple(Piece(p.src, (0,), (0,), (1,)) for p in tensor.pieces))
-    row_bytes = itemsize(dtype) * math.prod(shape[1:])
-    direct = filler.direct(tensor, dtype)
-    if direct is not None:  # whole rows, same dtype: file to file, never through this process
-        done = 0
-        for piece, info in direct:
+def _write_tensor(filler: BlockFiller, writers: list[Any], tensors: list[TensorPlan], dtype: str, buffer: np.ndarray,
+                  advance: Callable[[int], None]) -> list[int]:
+    """One tensor of every file of a lockstep group (same shape); returns the bytes written to each.
+
+    Whole rows in the same dtype go file to file. The rest is filled block by block, every
+    file's block before the next block, so a source block several files read (a row-parallel
+    weight's rows, a replicated tensor) is read once and kept only until its last reader took it.
+    """
+    done = [0] * len(tensors)
+    blocked = []
+    for k, (writer, tensor) in enumerate(zip(writers, tensors)):
+        if not tensor.shape:
+            tensor = tensors[k] = TensorPlan(tensor.key, (1,), tuple(Piece(p.src, (0,), (0,), (1,)) for p in tensor.pieces))
+        direct = filler.direct(tensor, dtype)
+        if direct is None:
+            blocked.append(k)
+            continue
+        row_bytes = itemsize(dtype) * math.prod(tensor.shape[1:])
+        for piece, info in direct:  # whole rows, same dtype: file to file, never through this process
             nbytes = piece.size[0] * row_bytes
             dst = piece.dst_start[0] * row_bytes
             if info is None:
@@ -249,18 +324,23 @@ def _write_tensor(filler: BlockFiller, writer: Any, tensor: TensorPlan, dtype: s
             else:
                 writer.copy(tensor.key, dst, filler.files.fd(info.path), info.offset + piece.src_start[0] * row_bytes,
                             nbytes)
-            done += nbytes
+            done[k] += nbytes
             advance(nbytes)
+    if not blocked:
         return done
-    done = 0
+    shape = tensors[blocked[0]].shape
+    row_bytes = itemsize(dtype) * math.prod(shape[1:])
     for start, stop in row_blocks(shape[0], row_bytes, BLOCK_BYTES):
         nbytes = (stop - start) * row_bytes
-        raw = buffer[:nbytes] if nbytes <= buffer.size else np.empty(nbytes, dtype=np.uint8)
-        out = raw.view(raw_dtype(dtype)).reshape(stop - start, *shape[1:])
-        filler.fill(tensor, start, stop, out, dtype)
-        writer.write(tensor.key, start * row_bytes, memoryview(raw))
-        done += nbytes
-        advance(nbytes)
+        filler.expect([tensors[k] for k in blocked], start, stop)
+        for k in blocked:
+            raw = buffer[:nbytes] if nbytes <= buffer.size else np.empty(nbytes, dtype=np.uint8)
+            out = raw.view(raw_dtype(dtype)).reshape(stop - start, *shape[1:])
+            filler.fill(tensors[k], start, stop, out, dtype)
+            writers[k].write(tensors[k].key, start * row_bytes, memoryview(raw))
+            done[k] += nbytes
+            advance(nbytes)
+    filler.expect([], 0, 0)
     return done
 
 
