@@ -1,10 +1,4 @@
-"""Megatron's ``args`` Namespace for a converted checkpoint, and a ModelConfig back from one.
-
-The saver records the arguments Megatron-LM's ``load_args_from_checkpoint`` and
-``check_checkpoint_args`` read (sizes, attention layout, normalisation, parallel sizes,
-vocabulary padding, dtype); the loader reads the same names from checkpoints Megatron-LM
-wrote, so mg -> mg and mg -> hf need no HF files.
-"""
+"""Megatron's ``args`` Namespace for a converted checkpoint, and a ModelConfig (and the true vocabulary) back from one."""
 
 from __future__ import annotations
 
@@ -20,6 +14,10 @@ from ..parallel import Layout
 __all__ = ["build_args", "config_from_args", "ArgsMismatch", "source_vocab", "tokenizer_vocab"]
 
 
+# The saver records the arguments Megatron-LM's ``load_args_from_checkpoint`` and
+# ``check_checkpoint_args`` read (sizes, attention layout, normalisation, parallel sizes,
+# vocabulary padding, dtype); the loader reads the same names from checkpoints Megatron-LM
+# wrote, so mg -> mg and mg -> hf need no HF files.
 class ArgsMismatch(AscendPatchError, ValueError):
     """A checkpoint's ``args`` lack a field the converter needs."""
 

@@ -1,19 +1,4 @@
-"""Writing a conversion's output files with several worker threads.
-
-The work is cut into units: a span of consecutive tensors of one lockstep group (the TP
-ranks of one stage, written tensor by tensor so each source block read serves all of
-them). Workers take units in order, so a single large file is shared between workers
-too; each worker has its own file descriptors, block buffer and read cache. The bytes
-move in ``copy_file_range`` / ``preadv`` / ``pwrite`` and numpy copies, which release the
-GIL: on a host the copies are memory-bound kernel work, so a second core is a second
-copy engine.
-
-Writers are opened when a group's first unit starts and closed after its last one.
-Everything the caller sees — the progress bar, ``on_progress`` events, the exception
-of a failed worker, a signal — happens in the calling thread: workers only put events
-on a queue, and block the usual asynchronous signals. On any exception there (a worker's error, ``Interrupted``, Ctrl-C) the
-workers stop after their current tensor and every open writer is aborted.
-"""
+"""Writing a conversion's output files with several worker threads."""
 
 from __future__ import annotations
 
@@ -34,6 +19,20 @@ from .formats import TargetFile
 
 __all__ = ["UNIT_BYTES", "default_workers", "write_groups", "units"]
 
+# The work is cut into units: a span of consecutive tensors of one lockstep group (the TP
+# ranks of one stage, written tensor by tensor and block by block so each source block read
+# serves all of them). Workers take units in order, so a single large file is shared between workers
+# too; each worker has its own file descriptors, block buffer and read cache. The bytes
+# move in ``copy_file_range`` / ``preadv`` / ``pwrite`` and numpy copies, which release the
+# GIL: on a host the copies are memory-bound kernel work, so a second core is a second
+# copy engine.
+#
+# Writers are opened when a group's first unit starts and closed after its last one.
+# Everything the caller sees — the progress bar, ``on_progress`` events, the exception
+# of a failed worker, a signal — happens in the calling thread: workers only put events
+# on a queue, and block the usual asynchronous signals. On any exception there (a worker's
+# error, ``Interrupted``, Ctrl-C) the workers stop after their current tensor and every open
+# writer is aborted.
 UNIT_BYTES = 64 * 1024 * 1024  # a unit is at least this much output (or a whole group when smaller)
 _MAX_DEFAULT_WORKERS = 8
 

@@ -1,11 +1,4 @@
-"""Preflight: every inconsistency found before any byte is written, each with numbers and a remedy.
-
-The checks are public functions returning :class:`Finding` lists so the converter can
-report all of them at once. Parallel sizes are judged by :mod:`ascend_patch.parallel` (the same
-rules ``ascend-patch check`` and training use), with the converter's flag names:
-``28 layers cannot be split over 8 pipeline stages; use --target-pipeline-parallel-size
-1, 2, 4, 7, 14 or 28, or give --num-layer-list``.
-"""
+"""Preflight: every inconsistency found before any byte is written, each with numbers and a remedy."""
 
 from __future__ import annotations
 
@@ -45,6 +38,11 @@ __all__ = [
 ]
 
 
+# The checks are public functions returning :class:`Finding` lists so the converter can
+# report all of them at once. Parallel sizes are judged by :mod:`ascend_patch.parallel` (the same
+# rules ``ascend-patch check`` and training use), with the converter's flag names:
+# ``28 layers cannot be split over 8 pipeline stages; use --target-pipeline-parallel-size
+# 1, 2, 4, 7, 14 or 28, or give --num-layer-list``.
 class PreflightError(AscendPatchError, ValueError):
     """The conversion cannot start; :attr:`problems` lists every reason."""
 
