@@ -8,11 +8,15 @@ transformers model is built). Then, alternating and repeated: ``cp -r`` of each 
 and ``ascend-patch convert`` hf -> mg (dense: TP1/PP1 and TP2/PP2; MoE: TP1/PP1/EP1 and
 TP2/PP2/EP4; both also hf -> torch_dist and torch_dist -> hf, Megatron-LM's
 default format, written and read without a model) in a child process whose peak RSS is taken from wait4().
+``--models llama,llama-big`` adds Llama-3-shaped checkpoints of 0.87 B and 1.74 B parameters (1.74 and
+3.49 GB), so peak RSS shows per model size. Each conversion's 'fsync s' is what it spent making the
+output durable before publishing it (from its summary line).
 Goals: dense throughput >= 0.5x the copy's and peak RSS <= 25% of the model's size; MoE
 throughput >= 0.8x its copy's (best of runs), peak RSS <= 10% of the model and no larger than
 the dense model's.
 
-    PYTHONPATH=. python benchmarks/convert.py [--repeats 7] [--keep] [--models dense,moe] [--also=--no-zip-crc ...]
+    PYTHONPATH=. python benchmarks/convert.py [--repeats 7] [--keep] [--models dense,moe,llama,llama-big]
+                                              [--also=--no-zip-crc ...]
                                               [--case torch_dist->hf,moe] [--baseline /path/to/other/checkout]
 
 ``--also=FLAG`` adds, for each model, a TP1/PP1 row converted with that flag, measured in the
@@ -20,8 +24,8 @@ same alternating runs, so a setting's cost is a ratio within one run (the CRC-32
 ~1.7x in the streaming phase: compare the default row with ``--also=--no-zip-crc``).
 
 ``--case A,B`` keeps only the conversions whose name contains one of the substrings (the copy of
-each model they convert is always kept). ``--baseline DIR`` adds, for every conversion, a row
-``NAME [baseline]`` run with ``DIR`` (another checkout of ascend_patch, e.g. ``git archive main``
+each model they convert is always kept). ``--baseline DIR`` (repeatable) adds, for every conversion, a
+row ``NAME [baseline]`` (``NAME [folder]`` with several) run with ``DIR`` (another checkout of ascend_patch, e.g. ``git archive main``
 unpacked) first on PYTHONPATH, in the same alternating runs: before / after side by side.
 
 Everything lives in a temporary directory under /tmp, deleted at the end.
@@ -56,11 +60,25 @@ MOE_CONFIG = {
     "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}, "tie_word_embeddings": False,
     "attention_bias": False, "dtype": "bfloat16",
 }
-MODELS = {"dense": CONFIG, "moe": MOE_CONFIG}
+# Llama-3-shaped, the vocabulary and width of Llama-3.2-1B (GQA 32/8 heads of 64, SwiGLU 8192, tied), with
+# fewer layers: 10 of them make 0.87 B parameters (1.74 GB), 24 make 1.74 B (3.49 GB); peak RSS per model size
+LLAMA_CONFIG = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048, "intermediate_size": 8192,
+    "num_hidden_layers": 10, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
+    "vocab_size": 128256, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "hidden_act": "silu",
+    "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}, "tie_word_embeddings": True,
+    "attention_bias": False, "dtype": "bfloat16",
+}
+MODELS = {"dense": CONFIG, "moe": MOE_CONFIG, "llama": LLAMA_CONFIG,
+          "llama-big": {**LLAMA_CONFIG, "num_hidden_layers": 24}}
 # run name -> (model, family, TP, PP, EP); "cp -r <model>" runs are the reference for that model
 CONVERSIONS = {
     "hf->mg TP1/PP1": ("dense", "qwen3", 1, 1, 1),
     "hf->mg TP2/PP2": ("dense", "qwen3", 2, 2, 1),
+    "llama hf->mg TP1/PP1": ("llama", "llama", 1, 1, 1),
+    "llama hf->mg TP2/PP2": ("llama", "llama", 2, 2, 1),
+    "llama-big hf->mg TP1/PP1": ("llama-big", "llama", 1, 1, 1),
+    "llama-big hf->mg TP2/PP2": ("llama-big", "llama", 2, 2, 1),
     "moe hf->mg TP1/PP1/EP1": ("moe", "qwen3_moe", 1, 1, 1),
     "moe hf->mg TP2/PP2/EP4": ("moe", "qwen3_moe", 2, 2, 4),
 }
@@ -74,9 +92,10 @@ def _tensors(cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
         out += [(p + "input_layernorm.weight", (h,)), (p + "self_attn.q_proj.weight", (nh * d, h)),
-                (p + "self_attn.k_proj.weight", (ng * d, h)), (p + "self_attn.v_proj.weight", (ng * d, h)),
-                (p + "self_attn.q_norm.weight", (d,)), (p + "self_attn.k_norm.weight", (d,)),
-                (p + "self_attn.o_proj.weight", (h, nh * d)), (p + "post_attention_layernorm.weight", (h,))]
+                (p + "self_attn.k_proj.weight", (ng * d, h)), (p + "self_attn.v_proj.weight", (ng * d, h))]
+        if cfg["model_type"].startswith("qwen3"):
+            out += [(p + "self_attn.q_norm.weight", (d,)), (p + "self_attn.k_norm.weight", (d,))]
+        out += [(p + "self_attn.o_proj.weight", (h, nh * d)), (p + "post_attention_layernorm.weight", (h,))]
         if cfg.get("num_experts"):
             fe = cfg["moe_intermediate_size"]
             out.append((p + "mlp.gate.weight", (cfg["num_experts"], h)))
@@ -153,8 +172,15 @@ def timed(cmd: list[str], env: dict[str, str] | None = None,
 
 
 def _write_phase(stdout: str) -> float | None:
-    """The converter's own figure for the streaming phase ("wrote N file(s), X MB in Y s")."""
-    m = re.search(r"wrote \d+ file\(s\), [\d.]+ MB in ([\d.]+) s", stdout)
+    """The converter's own figure for its streaming phase (its summary line: "... streaming Y s ...")."""
+    m = re.search(r"\(prepare [\d.]+ s, streaming ([\d.]+) s", stdout) or re.search(
+        r"wrote \d+ file\(s\), [\d.]+ MB in ([\d.]+) s", stdout)  # a baseline from before the summary said more
+    return float(m.group(1)) if m else None
+
+
+def _fsync_phase(stdout: str) -> float | None:
+    """The time the converter spent in fsync before publishing (summed over its writer threads)."""
+    m = re.search(r", fsync ([\d.]+) s", stdout)
     return float(m.group(1)) if m else None
 
 
@@ -162,14 +188,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
-    parser.add_argument("--models", default="dense,moe", help="which checkpoints to measure: dense, moe or both")
+    parser.add_argument("--models", default="dense,moe", help="which checkpoints to measure, comma-separated: dense "
+                        "(Qwen3-0.6B-shaped), moe, llama (Llama-3-shaped, 0.87 B), llama-big (the same, 1.74 B)")
     parser.add_argument("--also", action="append", default=[], metavar="FLAG",
                         help="add a TP1/PP1 row per model converted with this extra flag (repeatable), "
                              "e.g. --also=--no-zip-crc")
     parser.add_argument("--case", default="", help="only the conversions whose name contains one of these "
                                                       "comma-separated substrings (e.g. 'torch_dist->hf,moe')")
-    parser.add_argument("--baseline", metavar="DIR", help="another ascend_patch checkout: each conversion also runs "
-                                                         "with it first on PYTHONPATH, as a row 'NAME [baseline]'")
+    parser.add_argument("--baseline", metavar="DIR", action="append", default=[],
+                        help="another ascend_patch checkout: each conversion also runs with it first on PYTHONPATH, as "
+                        "a row 'NAME [baseline]' (repeatable: then 'NAME [DIR's folder name]' for each)")
     parser.add_argument("--generate-into", help=argparse.SUPPRESS)
     parser.add_argument("--generate-model", default="dense", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -244,15 +272,18 @@ def main() -> int:
                 m == v[0] for m, _ in kept.values()))}
         envs = {name: env for name in plan}
         cwds: dict[str, str | None] = {name: None for name in plan}
+        for base in args.baseline:
+            label = "[baseline]" if len(args.baseline) == 1 else f"[{os.path.basename(os.path.normpath(base))}]"
+            base_env = dict(env, PYTHONPATH=os.path.abspath(base) + os.pathsep + env.get("PYTHONPATH", ""))
+            for name in [n for n in plan if not n.startswith("cp -r") and not n.endswith("]")]:
+                plan[f"{name} {label}"] = plan[name]
+                envs[f"{name} {label}"] = base_env
+                cwds[f"{name} {label}"] = os.path.abspath(base)  # `python -m` puts the cwd first
         if args.baseline:
-            base_env = dict(env, PYTHONPATH=os.path.abspath(args.baseline) + os.pathsep + env.get("PYTHONPATH", ""))
-            for name in [n for n in plan if not n.startswith("cp -r")]:
-                plan[f"{name} [baseline]"] = plan[name]
-                envs[f"{name} [baseline]"] = base_env
-                cwds[f"{name} [baseline]"] = os.path.abspath(args.baseline)  # `python -m` puts the cwd first
-            plan = dict(sorted(plan.items(), key=lambda kv: (kv[1][0], kv[0].replace(" [baseline]", ""),
-                                                             not kv[0].endswith("[baseline]"))))
-        runs: dict[str, list[tuple[float, int, int, float | None, float]]] = {name: [] for name in plan}
+            plan = dict(sorted(plan.items(), key=lambda kv: (kv[1][0], kv[0].split(" [")[0], not kv[0].endswith("]"),
+                                                             kv[0])))
+        # per run: wall s, peak RSS, bytes written, streaming s, CPU s, fsync s
+        runs: dict[str, list[tuple[float, int, int, float | None, float, float | None]]] = {n: [] for n in plan}
         for _ in range(args.repeats):
             for name, (model, cmd) in plan.items():
                 dst = os.path.join(root, "out")
@@ -260,12 +291,12 @@ def main() -> int:
                 seconds, rss, stdout, cpu = timed([*cmd, dst], envs[name], cwds[name])
                 written = _du(dst)
                 shutil.rmtree(dst)
-                runs[name].append((seconds, rss, written, _write_phase(stdout), cpu))
+                runs[name].append((seconds, rss, written, _write_phase(stdout), cpu, _fsync_phase(stdout)))
         print(f"\ninterpreter floor (python + the converter's imports, no torch): peak RSS {floor_rss / 1e6:.0f} MB, "
               f"{floor_s:.2f} s; for scale, `import torch` alone: {torch_rss / 1e6:.0f} MB, {torch_s:.2f} s")
         w = max(len(n) for n in plan)
         print(f"{'run':<{w}} {'written GB':>10} {'best s':>7} {'x cp':>5} {'median s':>9} {'x cp':>5} "
-              f"{'stream s':>9} {'x cp':>5} {'peak RSS MB':>12} {'RSS/model':>10} {'CPU s':>6}")
+              f"{'stream s':>9} {'x cp':>5} {'fsync s':>8} {'peak RSS MB':>12} {'RSS/model':>10} {'CPU s':>6}")
         cp: dict[str, tuple[float, float]] = {}
         peak: dict[str, int] = {}
         for name, samples in runs.items():
@@ -273,22 +304,26 @@ def main() -> int:
             times = [s for s, *_ in samples]
             best, median = min(times), statistics.median(times)
             rss = max(r for _, r, *_ in samples)
-            cpu = statistics.median(c for *_, c in samples)
+            cpu = statistics.median(sample[4] for sample in samples)
             written = samples[0][2]
-            phases = [p for *_, p, _ in samples if p is not None]
+            phases = [sample[3] for sample in samples if sample[3] is not None]
             stream = min(phases) if phases else best
+            synced = [sample[5] for sample in samples if sample[5] is not None]
+            fsync = f"{statistics.median(synced):>8.2f}" if synced else f"{'-':>8}"
             if name.startswith("cp -r"):
                 cp[model] = (written / best, written / median)
-            elif "torch_dist" not in name and not name.endswith("[baseline]"):  # hf -> legacy: what MoE and dense compare on
+            elif "torch_dist" not in name and not name.endswith("]"):  # hf -> legacy: what MoE and dense compare on
                 peak[model] = max(peak.get(model, 0), rss)
             cp_best, cp_median = cp[model]
             print(f"{name:<{w}} {written / 1e9:>10.3f} {best:>7.2f} {written / best / cp_best:>5.2f} {median:>9.2f} "
-                  f"{written / median / cp_median:>5.2f} {stream:>9.2f} {written / stream / cp_best:>5.2f} "
+                  f"{written / median / cp_median:>5.2f} {stream:>9.2f} {written / stream / cp_best:>5.2f} {fsync} "
                   f"{rss / 1e6:>12.0f} {rss / sizes[model]:>9.1%} {cpu:>6.2f}")
         print("\n'x cp' is throughput (bytes written per second) over the copy's of the same model. 'best' and "
               f"'median' are over the {args.repeats} alternating runs of each (a shared virtual machine only ever slows "
               "a run down, so the best is the least disturbed); end to end includes interpreter start, imports, plugin "
-              "discovery and preflight. 'stream s' is the converter's own figure for its streaming phase (best run). "
+              "discovery and preflight. 'stream s' is the converter's own figure for its streaming phase (best run); "
+              "'fsync s' the time it then spent in fsync of the output before publishing it, summed over its writer "
+              "threads (median; part of it overlaps the other thread's writing). "
               "'CPU s' is the child's user + system time (median): what a run costs the machine, which other "
               "work on a shared one moves far less than wall time.")
         for model in [m for m in models if m in peak]:

@@ -1,9 +1,4 @@
-"""What ``ascend-patch check`` finds, as data: the rank layout, the model, the checkpoint, every error.
-
-:func:`preflight` takes the world, the parallel sizes (Megatron's names), optionally the
-model (an HF config, sizes, a Megatron command line) and a checkpoint directory, and
-returns a :class:`CheckReport`; :mod:`.cli` prints it.
-"""
+"""What ``ascend-patch check`` finds, as data: the rank layout, the model, the checkpoint, every error."""
 
 from __future__ import annotations
 
@@ -79,9 +74,9 @@ def _model_from_hf(path: str) -> ModelDims:
     cfg = read_config_json(path)
     spec = get_spec_registry().for_hf_config(cfg)
     mc = spec.config_from_hf(cfg)
-    experts = next((cfg[k] for k in ("num_experts", "num_local_experts", "n_routed_experts") if cfg.get(k)), None)
+    # the family's config map reads its experts (a dense family has none, whatever keys config.json holds)
     return ModelDims(f"{spec.name} from {path}", mc.num_layers, mc.num_attention_heads, mc.num_query_groups,
-                     mc.hidden_size, mc.ffn_hidden_size, int(experts) if experts else None)
+                     mc.hidden_size, mc.ffn_hidden_size, mc.num_experts if mc.is_moe else None)
 
 
 def _joint_tp_sizes(m: ModelDims, world_size: int, pp: int, cp: int) -> str:
@@ -118,6 +113,9 @@ def _node_warnings(report: CheckReport, layout: Layout) -> None:
                 break
 
 
+# :func:`preflight` takes the world, the parallel sizes (Megatron's names), optionally the
+# model (an HF config, sizes, a Megatron command line) and a checkpoint directory, and
+# returns a :class:`CheckReport`; :mod:`.cli` prints it.
 def preflight(world_size: int | None = None, nnodes: int | None = None, nproc_per_node: int | None = None,
               tp: int | None = None, pp: int | None = None, cp: int | None = None, ep: int | None = None,
               etp: int | None = None,

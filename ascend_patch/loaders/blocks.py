@@ -1,13 +1,4 @@
-"""Bounded-memory tensor I/O on raw bytes: no torch unless a dtype must change.
-
-Tensors are handled as numpy arrays of same-width unsigned integers ("raw" views: a
-bf16 tensor is a uint16 array), which is all that moving, slicing and padding need and
-keeps equality bitwise. A piece whose source and destination are both whole contiguous
-rows in the same dtype is copied file to file (``os.copy_file_range``: the bytes never
-enter this process). Everything else is assembled in a block of at most ``block_bytes``
-read with ``os.preadv`` (no mmap, so pages never accumulate in the resident set) and
-written with ``os.pwrite``. Casting (fp32 -> bf16, ...) is the only step that imports torch.
-"""
+"""Bounded-memory tensor I/O on raw bytes: no torch unless a dtype must change."""
 
 from __future__ import annotations
 
@@ -21,7 +12,7 @@ import numpy as np
 
 from ..dtypes import itemsize, torch_dtype
 from ..errors import AscendPatchError
-from ..models.weightmap import Piece, TensorPlan
+from ..models.weightmap import Piece, TensorPlan, WeightMapError
 
 if TYPE_CHECKING:
     from .formats import TensorInfo
@@ -40,6 +31,13 @@ __all__ = [
     "copy_through",
 ]
 
+# Tensors are handled as numpy arrays of same-width unsigned integers ("raw" views: a
+# bf16 tensor is a uint16 array), which is all that moving, slicing and padding need and
+# keeps equality bitwise. A piece whose source and destination are both whole contiguous
+# rows in the same dtype is copied file to file (``os.copy_file_range``: the bytes never
+# enter this process). Everything else is assembled in a block of at most ``block_bytes``
+# read with ``os.preadv`` (no mmap, so pages never accumulate in the resident set) and
+# written with ``os.pwrite``. Casting (fp32 -> bf16, ...) is the only step that imports torch.
 _RAW = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
@@ -165,9 +163,24 @@ class BlockFiller:
     def __init__(self, tensors: Mapping[str, TensorInfo], files: FileCache | None = None) -> None:
         self.tensors = tensors
         self.files = files or FileCache()
-        # The last rows read, per tensor: TP ranks written in lockstep ask for the same rows in turn
-        # (a row-parallel weight is read once for all ranks, not once per rank). Bounded by a block each.
-        self._recent: OrderedDict[tuple[str, int, int], np.ndarray] = OrderedDict()
+        # Source rows that another fill of the current block will read again (see expect): TP ranks written
+        # in lockstep read a row-parallel weight's rows in turn, which are read once for all of them. An
+        # entry goes when its last reader took it, so nothing outlives the block.
+        self._kept: dict[tuple[str, int, int], np.ndarray] = {}
+        self._wanted: dict[tuple[str, int, int], int] = {}
+
+    def expect(self, plans: list[TensorPlan], start: int, stop: int) -> None:
+        """Rows [start, stop) of each of ``plans`` are filled next: a source range more than one of them reads
+        is kept between those reads (and no longer); anything kept for an earlier block is dropped."""
+        wanted: dict[tuple[str, int, int], int] = {}
+        for plan in plans:
+            for piece in plan.pieces:
+                part = piece.rows(start, stop)
+                if part is not None and part.src is not None:
+                    key = (part.src, part.src_start[0], part.src_start[0] + part.size[0])
+                    wanted[key] = wanted.get(key, 0) + 1
+        self._wanted = {k: n for k, n in wanted.items() if n > 1}
+        self._kept.clear()
 
     def _plain(self, info: TensorInfo) -> bool:
         return info.reader is None and info.offset is not None and (
@@ -176,14 +189,14 @@ class BlockFiller:
     def read_rows(self, tid: str, start: int, stop: int) -> np.ndarray:
         """Rows [start, stop) of source tensor ``tid``, raw, in its own dtype (callers must not modify it)."""
         key = (tid, start, stop)
-        hit = self._recent.get(key)
-        if hit is not None:
-            self._recent.move_to_end(key)
-            return hit
-        rows = self._read_rows(tid, start, stop)
-        self._recent[key] = rows
-        while len(self._recent) > 4:
-            self._recent.popitem(last=False)
+        left = self._wanted.get(key, 0)
+        if left:
+            self._wanted[key] = left - 1
+        rows = self._kept.pop(key, None) if left <= 1 else self._kept.get(key)
+        if rows is None:
+            rows = self._read_rows(tid, start, stop)
+            if left > 1:
+                self._kept[key] = rows
         return rows
 
     def _read_rows(self, tid: str, start: int, stop: int) -> np.ndarray:
@@ -247,5 +260,6 @@ class BlockFiller:
             region[...] = sub if info.dtype == dtype else cast_raw(np.ascontiguousarray(sub), info.dtype, dtype)
         expected = (stop - start) * math.prod(plan.shape[1:])
         if covered != expected:
-            raise AssertionError(f"pieces of {plan.key} cover {covered} of {expected} elements in rows "
-                                 f"{start}..{stop}; the weight map is inconsistent")
+            raise WeightMapError(f"pieces of {plan.key} cover {covered} of {expected} elements in rows {start}..{stop}: "
+                                 "the weight map is inconsistent", "coverage", "fix the family's weights.py (its rules "
+                                 "must cover every element of each tensor exactly once)")

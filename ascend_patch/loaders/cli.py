@@ -1,11 +1,4 @@
-"""``ascend-patch convert`` and ``ascend-patch verify``.
-
-``convert`` takes the flags MindSpeed-LLM's ``convert_ckpt.py`` users type
-(``--load-model-type hf --save-model-type mg --model-type-hf qwen3
---target-tensor-parallel-size 2 ...``) and Megatron-LM's ``--loader/--saver`` form.
-Flags those tools need for their own machinery (``--use-mcore-models``,
-``--tokenizer-model``, ``--megatron-path``) are accepted and have no effect here.
-"""
+"""``ascend-patch convert`` and ``ascend-patch verify``."""
 
 from __future__ import annotations
 
@@ -16,6 +9,15 @@ from typing import Any
 from ..dtypes import SHORT_NAMES
 from ..errors import AscendPatchError
 from ..parallel import ParallelConfigError
+
+_CONVERT_HELP = """``ascend-patch convert`` and ``ascend-patch verify``.
+
+``convert`` takes the flags MindSpeed-LLM's ``convert_ckpt.py`` users type
+(``--load-model-type hf --save-model-type mg --model-type-hf qwen3
+--target-tensor-parallel-size 2 ...``) and Megatron-LM's ``--loader/--saver`` form.
+Flags those tools need for their own machinery (``--use-mcore-models``,
+``--tokenizer-model``, ``--megatron-path``) are accepted and have no effect here.
+"""
 
 __all__ = ["register", "options_from_args", "run_convert", "run_verify", "saver_for"]
 
@@ -107,31 +109,26 @@ def options_from_args(args: argparse.Namespace) -> Any:
     from .hf import parse_size
 
     family = args.model_type_hf
-    extra: dict[str, Any] = {}
     if family is None and args.spec:
         words = args.spec if len(args.spec) > 1 else args.spec[0].split()
         guess = words[0] if len(words) == 1 else words[0].rsplit(".", 1)[-1].removesuffix("_spec")
         if get_spec_registry().find(guess) is not None:
             family = guess
-    if args.add_qkv_bias or args.qk_layernorm:
-        extra["claimed"] = {"add_qkv_bias": args.add_qkv_bias, "qk_layernorm": args.qk_layernorm}
-    if not args.zip_crc:
-        extra["zip_crc"] = False
-    if args.num_layers_per_virtual_pipeline_stage:
-        extra["layers_per_virtual_stage"] = args.num_layers_per_virtual_pipeline_stage
+    claimed = {"add_qkv_bias": args.add_qkv_bias, "qk_layernorm": args.qk_layernorm} if (
+        args.add_qkv_bias or args.qk_layernorm) else {}
     naming = "te" if args.transformer_impl in ("te", "transformer_engine") else "local"
     if args.moe_grouped_gemm:
-        extra["moe_grouped_gemm"] = True
         naming = "te_grouped" if naming == "te" else naming
     return ConvertOptions(
         target_tp=args.target_tensor_parallel_size, target_pp=args.target_pipeline_parallel_size,
         target_ep=args.target_expert_parallel_size, target_etp=args.target_expert_tensor_parallel_size,
         target_vpp=args.vpp or 1, num_layer_list=args.num_layer_list,
+        layers_per_virtual_stage=args.num_layers_per_virtual_pipeline_stage or None,
         make_vocab_size_divisible_by=args.make_vocab_size_divisible_by, params_dtype=args.params_dtype,
-        naming=naming, model_type_hf=family,
+        naming=naming, moe_grouped_gemm=args.moe_grouped_gemm, model_type_hf=family, claimed=claimed,
         true_vocab_size=args.true_vocab_size, max_shard_size=parse_size(args.max_shard_size),
-        iteration=args.iteration, force=args.force, verify=args.verify, progress=args.progress,
-        workers=args.workers, extra=extra)
+        iteration=args.iteration, zip_crc=args.zip_crc, force=args.force, verify=args.verify,
+        progress=args.progress, workers=args.workers)
 
 
 def run_convert(args: argparse.Namespace) -> int:
@@ -179,7 +176,7 @@ def saver_for(saver: str, ckpt_format: str | None) -> str:
 
 def _resolve_vpp(options: Any, args: argparse.Namespace) -> Any:
     """--num-layers-per-virtual-pipeline-stage K -> chunks per rank, once the layer count is known."""
-    per = options.extra.get("layers_per_virtual_stage")
+    per = options.layers_per_virtual_stage
     if not per:
         return options
     import dataclasses
@@ -213,7 +210,7 @@ def run_verify(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     conv = sub.add_parser("convert", help="convert checkpoints: Hugging Face <-> Megatron, any TP/PP, streaming",
-                          description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                          description=_CONVERT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_convert_arguments(conv)
     conv.set_defaults(func=run_convert)
 

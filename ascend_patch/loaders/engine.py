@@ -1,18 +1,8 @@
-"""The convert engine: resolve, preflight, compose, stream, commit atomically, verify.
-
-1. The loader describes the source (headers only); the saver plans the target in
-   canonical (HF) terms; every target tensor is composed onto source bytes.
-2. Preflight collects every problem (model vs layout, source tensors, dtype, output
-   directory, disk space) and refuses with all of them before any work.
-3. Each output file is written into a staging directory next to ``--save-dir``, block
-   by block (bounded memory), by worker threads (:mod:`.parallel_write`); side files
-   follow, the tracker / ``config.json`` last;
-   only then is the staging directory moved into place. An interrupted run leaves no
-   output that looks valid (SIGTERM and Ctrl-C also remove the staging directory).
-"""
+"""The convert engine: resolve, preflight, compose, stream, commit atomically, verify."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import shutil
@@ -28,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..dtypes import itemsize
-from ..errors import AscendPatchError, Finding
+from ..errors import AscendPatchError, Finding, FindingError
 from ..models.registry import get_spec_registry
 from ..models.weightmap import Piece, TensorPlan, compose, is_padding
 from ..parallel import LayoutError
@@ -36,12 +26,12 @@ from .blocks import BlockFiller, raw_dtype, row_blocks
 from .formats import ConvertOptions, SourceCheckpoint, TargetFile, TargetPlan, get_format_registry
 from .parallel_write import default_workers, write_groups
 from .preflight import PreflightError, check_disk_space, check_dtype, check_output_dir
+from .publish import STAGING_PREFIX, publish, remove_stale_staging
 from .torch_zip import PAGE, CrcCache
 
 __all__ = ["convert", "prepare", "ConversionResult", "Interrupted", "BLOCK_BYTES", "Progress"]
 
 BLOCK_BYTES = 32 * 1024 * 1024
-STAGING_PREFIX = ".ascend_patch-partial-"
 
 # on_progress(event, info): events "start" (total bytes), "tensor" (file, key, bytes), "file" (relpath)
 Progress = Callable[[str, dict[str, Any]], None]
@@ -59,16 +49,22 @@ class ConversionResult:
     plan: TargetPlan
     save_dir: str
     bytes_written: int = 0
-    seconds: float = 0.0
+    seconds: float = 0.0  # the whole conversion: opening the source and preflight to publishing (not --verify)
     files: list[str] = field(default_factory=list)
     verify: Any = None
     kept: list[str] = field(default_factory=list)  # entries of the old --save-dir that were not checkpoint files
+    phases: dict[str, float] = field(default_factory=dict)  # prepare, streaming, fsync (summed over workers), publish
 
     def summary(self) -> str:
-        rate = self.bytes_written / self.seconds / 1e6 if self.seconds else 0.0
+        data, small = len(self.plan.files), len(self.plan.side_files) + len(self.plan.commit_files)
+        streaming = self.phases.get("streaming", 0.0)
+        rate = self.bytes_written / streaming / 1e6 if streaming else 0.0
+        times = ", ".join(f"{name} {self.phases[name]:.2f} s" for name in ("prepare", "streaming", "fsync", "publish")
+                          if name in self.phases)
         lines = [f"source: {self.source.describe()}", f"target: {self.plan.description}",
-                 f"wrote {len(self.files)} file(s), {self.bytes_written / 1e6:.1f} MB in {self.seconds:.2f} s "
-                 f"({rate:.0f} MB/s) to {self.save_dir}"]
+                 f"wrote {data} data file{'s' if data != 1 else ''} ({self.bytes_written / 1e6:.1f} MB) and {small} "
+                 f"small file{'s' if small != 1 else ''} to {self.save_dir} in {self.seconds:.2f} s ({times}; "
+                 f"streaming {rate:.0f} MB/s)"]
         lines += [f"note: {n}" for n in self.source.notes + self.plan.notes]
         if self.kept:
             lines.append(f"note: replaced the checkpoint in {self.save_dir}; kept {len(self.kept)} entr"
@@ -86,21 +82,21 @@ def prepare(load_dir: str, save_dir: str | None, loader: str, saver: str,
     loader_obj = registry.loader(loader)
     saver_obj = registry.saver(saver)
     implied = get_spec_registry().for_format_name(loader)  # --loader qwen3_hf: the qwen3 family
-    if implied is not None and "family_hint" not in options.extra:
-        options = _with_extra(options, family_hint=implied.name)
+    if implied is not None and options.family_hint is None:
+        options = dataclasses.replace(options, family_hint=implied.name)
     problems: list[Finding] = []
     if save_dir is not None:
         problems += check_output_dir(save_dir, options.force, load_dir)
     source = loader_obj.open(load_dir, options)
     problems += source.problems
     problems += check_dtype(options.params_dtype, source.dtype)
-    for flag, claimed in dict(options.extra.get("claimed") or {}).items():
+    for flag, claimed in options.claimed.items():
         actual = getattr(source.config, flag)
         if claimed and not actual:
             problems.append(Finding("flag-vs-config", f"--{flag.replace('_', '-')} was given but the {source.config.family} "
                                     f"config of {load_dir} has {flag}=False", "drop the flag or fix the config"))
     plan = saver_obj.plan(source, options)
-    problems += plan.problems
+    problems += plan.problems + _vocab_problems(source, plan)
     if not problems:
         try:
             for f in plan.files:
@@ -115,11 +111,29 @@ def prepare(load_dir: str, save_dir: str | None, loader: str, saver: str,
     return source, plan
 
 
+def _vocab_problems(source: SourceCheckpoint, plan: TargetPlan) -> list[Finding]:
+    """A padded source whose true vocabulary is unknown cannot go to a target without padding (Hugging Face):
+    which of its rows are tokens and which are Megatron's padding is exactly what is unknown."""
+    if plan.padded_vocab is not None or source.padded_vocab is None or source.vocab_unknown is None:
+        return []
+    return [Finding("vocab-unknown", f"the true vocabulary of {source.path} is unknown ({source.vocab_unknown}): its "
+                    f"{source.padded_vocab} embedding rows include Megatron's padding, which a checkpoint without "
+                    "padding must not hold", "pass --true-vocab-size N, the tokenizer's vocabulary (len(tokenizer); "
+                    "config.json's vocab_size of the model it was trained from)")]
+
+
 def _padding_notes(source: SourceCheckpoint, plan: TargetPlan) -> list[str]:
-    """What an mg -> mg conversion did with the source's vocabulary padding rows (Megatron-LM trains them)."""
-    if plan.padded_vocab is None or source.padded_vocab is None or not any(map(is_padding, source.canonical)):
+    """What the conversion did with a Megatron source's vocabulary padding rows (Megatron-LM trains them)."""
+    if source.padded_vocab is None or plan.padded_vocab is None and source.vocab_unknown is not None:
         return []
     vocab = source.config.vocab_size
+    if plan.padded_vocab is None:  # a target without padding (HF): the true vocabulary only
+        cut = source.padded_vocab - vocab
+        return [f"wrote the {vocab} rows of the true vocabulary ({source.vocab_from}) and dropped the source's {cut} "
+                f"vocabulary padding row{'s' if cut != 1 else ''} after them (padded vocabulary {source.padded_vocab}), "
+                "which belong to no token"] if cut > 0 else []
+    if not any(map(is_padding, source.canonical)):
+        return []
     have, need = source.padded_vocab - vocab, plan.padded_vocab - vocab
     kept = f"the source's {have} vocabulary padding rows (after the {vocab} real ones)"
     if need > have:
@@ -131,31 +145,44 @@ def _padding_notes(source: SourceCheckpoint, plan: TargetPlan) -> list[str]:
     return [f"{kept} are kept unchanged"]
 
 
-def _with_extra(options: ConvertOptions, **extra: Any) -> ConvertOptions:
-    import dataclasses
-
-    return dataclasses.replace(options, extra={**options.extra, **extra})
-
-
+# 1. The loader describes the source (headers only); the saver plans the target in
+#    canonical (HF) terms; every target tensor is composed onto source bytes.
+# 2. Preflight collects every problem (model vs layout, source tensors, dtype, output
+#    directory, disk space) and refuses with all of them before any work.
+# 3. Each output file is written into a staging directory next to ``--save-dir``, block
+#    by block (bounded memory), by worker threads (:mod:`.parallel_write`); side files
+#    follow, the tracker / ``config.json`` last;
+#    only then is the staging directory moved into place. An interrupted run leaves no
+#    output that looks valid (SIGTERM and Ctrl-C also remove the staging directory).
 def convert(load_dir: str, save_dir: str, loader: str = "hf", saver: str = "mg",
             options: ConvertOptions | None = None, on_progress: Progress | None = None) -> ConversionResult:
-    """Convert the checkpoint at ``load_dir`` into ``save_dir`` (see the module docstring)."""
+    """Convert the checkpoint at ``load_dir`` into ``save_dir`` (the steps are in the comment above)."""
+    start = time.perf_counter()
     options = options or ConvertOptions()
     source, plan = prepare(load_dir, save_dir, loader, saver, options)
     result = ConversionResult(source, plan, save_dir)
-    start = time.perf_counter()
+    result.phases["prepare"] = time.perf_counter() - start
     parent = os.path.dirname(os.path.abspath(save_dir))
     os.makedirs(parent, exist_ok=True)
-    _remove_stale_staging(parent)
+    remove_stale_staging(parent)
     staging = os.path.join(parent, f"{STAGING_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}")
     os.mkdir(staging)
     with _signals_raise():
         try:
-            result.bytes_written = _write_all(source, plan, staging, options, on_progress)
+            synced = _Fsync(staging)
+            began = time.perf_counter()
+            result.bytes_written = _write_all(source, plan, staging, options, on_progress, synced.file)
             for rel, data in {**plan.side_files, **plan.commit_files}.items():
                 _write_small(os.path.join(staging, rel), data)
+                synced.file(rel)
+            synced.directories()  # the entries too: a power loss must not leave a published folder of empty names
+            result.phases["streaming"] = time.perf_counter() - began - synced.seconds_here
+            result.phases["fsync"] = synced.seconds
             result.files = [f.relpath for f in plan.files] + list(plan.side_files) + list(plan.commit_files)
-            result.kept = _publish(staging, save_dir, plan)
+            began = time.perf_counter()
+            result.kept = publish(staging, save_dir, plan, options.force)
+            _fsync_dir(os.path.dirname(os.path.abspath(save_dir)))  # the rename itself
+            result.phases["publish"] = time.perf_counter() - began
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
@@ -168,8 +195,58 @@ def convert(load_dir: str, save_dir: str, loader: str = "hf", saver: str = "mg",
     return result
 
 
+class _Fsync:
+    """fsync of every file written into the staging directory, and of its directories, before it is published.
+
+    Data files are synced by the worker that closed them (``write_groups``' ``finished``), while
+    the other goes on writing; ``seconds`` is the time spent in fsync, summed over threads, and
+    ``seconds_here`` the part the calling thread waited for.
+    """
+
+    def __init__(self, staging: str) -> None:
+        self.staging = staging
+        self.seconds = self.seconds_here = 0.0
+        self._lock = threading.Lock()
+
+    def file(self, target: TargetFile | str) -> None:
+        rel = target if isinstance(target, str) else target.relpath
+        began = time.perf_counter()
+        fd = os.open(os.path.join(self.staging, rel), os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self._add(time.perf_counter() - began)
+
+    def directories(self) -> None:
+        began = time.perf_counter()
+        for here, _, _ in os.walk(self.staging):
+            _fsync_dir(here)
+        self._add(time.perf_counter() - began)
+
+    def _add(self, seconds: float) -> None:
+        with self._lock:
+            self.seconds += seconds
+            if threading.current_thread() is threading.main_thread():
+                self.seconds_here += seconds
+
+
+def _fsync_dir(path: str) -> None:
+    """A directory's entries to disk (where the platform can open a directory)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # a file system that cannot sync directories
+        pass
+    finally:
+        os.close(fd)
+
+
 def _write_all(source: SourceCheckpoint, plan: TargetPlan, staging: str, options: ConvertOptions,
-               on_progress: Progress | None) -> int:
+               on_progress: Progress | None, finished: Callable[[TargetFile], None] | None = None) -> int:
     total = plan.nbytes
     bar = _progress_bar(total, options)
     if on_progress:
@@ -200,7 +277,7 @@ def _write_all(source: SourceCheckpoint, plan: TargetPlan, staging: str, options
     try:
         write_groups(_lockstep_groups(plan.files), source.tensors, options.workers or default_workers(),
                      open_writer, _write_tensor, BLOCK_BYTES, on_event,
-                     fine_events=bar is not None or on_progress is not None)
+                     fine_events=bar is not None or on_progress is not None, finished=finished)
     finally:
         if bar is not None:
             bar.close()
@@ -213,7 +290,7 @@ def _lockstep_groups(files: list[TargetFile]) -> list[list[TargetFile]]:
     groups: list[list[TargetFile]] = []
     for f in files:
         g = groups[-1] if groups else None
-        if g and g[0].format == f.format and len(g[0].tensors) == len(f.tensors) and all(
+        if g and g[0].format == f.format and g[0].dtype == f.dtype and len(g[0].tensors) == len(f.tensors) and all(
                 a.shape == b.shape for a, b in zip(g[0].tensors, f.tensors)) and len(g) < 8:
             g.append(f)
         else:
@@ -221,16 +298,25 @@ def _lockstep_groups(files: list[TargetFile]) -> list[list[TargetFile]]:
     return groups
 
 
-def _write_tensor(filler: BlockFiller, writer: Any, tensor: TensorPlan, dtype: str, buffer: np.ndarray,
-                  advance: Callable[[int], None]) -> int:
-    shape = tensor.shape or (1,)
-    if not tensor.shape:
-        tensor = TensorPlan(tensor.key, (1,), tuple(Piece(p.src, (0,), (0,), (1,)) for p in tensor.pieces))
-    row_bytes = itemsize(dtype) * math.prod(shape[1:])
-    direct = filler.direct(tensor, dtype)
-    if direct is not None:  # whole rows, same dtype: file to file, never through this process
-        done = 0
-        for piece, info in direct:
+def _write_tensor(filler: BlockFiller, writers: list[Any], tensors: list[TensorPlan], dtype: str, buffer: np.ndarray,
+                  advance: Callable[[int], None]) -> list[int]:
+    """One tensor of every file of a lockstep group (same shape); returns the bytes written to each.
+
+    Whole rows in the same dtype go file to file. The rest is filled block by block, every
+    file's block before the next block, so a source block several files read (a row-parallel
+    weight's rows, a replicated tensor) is read once and kept only until its last reader took it.
+    """
+    done = [0] * len(tensors)
+    blocked = []
+    for k, (writer, tensor) in enumerate(zip(writers, tensors)):
+        if not tensor.shape:
+            tensor = tensors[k] = TensorPlan(tensor.key, (1,), tuple(Piece(p.src, (0,), (0,), (1,)) for p in tensor.pieces))
+        direct = filler.direct(tensor, dtype)
+        if direct is None:
+            blocked.append(k)
+            continue
+        row_bytes = itemsize(dtype) * math.prod(tensor.shape[1:])
+        for piece, info in direct:  # whole rows, same dtype: file to file, never through this process
             nbytes = piece.size[0] * row_bytes
             dst = piece.dst_start[0] * row_bytes
             if info is None:
@@ -238,18 +324,23 @@ def _write_tensor(filler: BlockFiller, writer: Any, tensor: TensorPlan, dtype: s
             else:
                 writer.copy(tensor.key, dst, filler.files.fd(info.path), info.offset + piece.src_start[0] * row_bytes,
                             nbytes)
-            done += nbytes
+            done[k] += nbytes
             advance(nbytes)
+    if not blocked:
         return done
-    done = 0
+    shape = tensors[blocked[0]].shape
+    row_bytes = itemsize(dtype) * math.prod(shape[1:])
     for start, stop in row_blocks(shape[0], row_bytes, BLOCK_BYTES):
         nbytes = (stop - start) * row_bytes
-        raw = buffer[:nbytes] if nbytes <= buffer.size else np.empty(nbytes, dtype=np.uint8)
-        out = raw.view(raw_dtype(dtype)).reshape(stop - start, *shape[1:])
-        filler.fill(tensor, start, stop, out, dtype)
-        writer.write(tensor.key, start * row_bytes, memoryview(raw))
-        done += nbytes
-        advance(nbytes)
+        filler.expect([tensors[k] for k in blocked], start, stop)
+        for k in blocked:
+            raw = buffer[:nbytes] if nbytes <= buffer.size else np.empty(nbytes, dtype=np.uint8)
+            out = raw.view(raw_dtype(dtype)).reshape(stop - start, *shape[1:])
+            filler.fill(tensors[k], start, stop, out, dtype)
+            writers[k].write(tensors[k].key, start * row_bytes, memoryview(raw))
+            done[k] += nbytes
+            advance(nbytes)
+    filler.expect([], 0, 0)
     return done
 
 
@@ -291,110 +382,20 @@ def _open_writer(target: TargetFile, path: str, options: ConvertOptions, page_of
     if target.format == "torch":
         from .torch_zip import TorchZipWriter
 
-        return TorchZipWriter(path, target.skeleton, crc=bool(options.extra.get("zip_crc", True)), page_offsets=page_offsets,
+        return TorchZipWriter(path, target.skeleton, crc=options.zip_crc, page_offsets=page_offsets,
                               crc_cache=crc_cache)
     if target.format == "distcp":
         from .torch_dist_io import DistcpWriter
 
         return DistcpWriter(path, target.skeleton["items"])
-    raise ValueError(f"{target.relpath}: unknown output file format {target.format!r} (safetensors, torch or distcp)")
+    raise FindingError(f"{target.relpath}: unknown output file format {target.format!r}", "output-format",
+                       "a saver's TargetFile.format is safetensors, torch or distcp")
 
 
 def _write_small(path: str, data: bytes) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "wb") as f:
         f.write(data)
-
-
-def _publish(staging: str, save_dir: str, plan: TargetPlan) -> list[str]:
-    """Move the finished staging directory into place; returns the old entries kept (see below).
-
-    With --force into a non-empty directory the staging directory becomes the whole new
-    directory: every checkpoint file of the old one goes (an old ``model.safetensors``
-    beside new shards would be what ``from_pretrained`` loads), everything else
-    (tokenizer, README, the user's notes) is hard-linked across first, and the two
-    directories are exchanged in one step where the kernel can (``renameat2``).
-    """
-    save_dir = os.path.abspath(save_dir)
-    if not os.path.isdir(save_dir) or not os.listdir(save_dir):
-        if os.path.isdir(save_dir):
-            os.rmdir(save_dir)
-        os.rename(staging, save_dir)
-        return []
-    kept = []
-    for entry in sorted(os.listdir(save_dir)):
-        if entry in plan.commit_files or entry in plan.side_files or _is_checkpoint_entry(entry):
-            continue
-        _link_tree(os.path.join(save_dir, entry), os.path.join(staging, entry))
-        kept.append(entry)
-    os.chmod(staging, os.stat(save_dir).st_mode & 0o7777)  # the directory keeps its permissions
-    if not _exchange(staging, save_dir):
-        aside = f"{staging}-old"
-        os.rename(save_dir, aside)
-        try:
-            os.rename(staging, save_dir)
-        except OSError:
-            os.rename(aside, save_dir)  # the old checkpoint stays where it was
-            raise
-        staging = aside
-    shutil.rmtree(staging, ignore_errors=True)  # the old directory
-    return kept
-
-
-_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf", ".distcp",
-                    ".index.json")
-
-
-def _is_checkpoint_entry(name: str) -> bool:
-    """Whether a directory entry is part of a checkpoint (weights, their index, config, Megatron's tracker and
-    iteration folders) rather than something beside it (tokenizer, README)."""
-    from .megatron_layout import TRACKER, iteration_of
-
-    return (name.endswith(_WEIGHT_SUFFIXES) or name in ("config.json", "generation_config.json", TRACKER)
-            or iteration_of(name) is not None or name.startswith(STAGING_PREFIX))
-
-
-def _link_tree(src: str, dst: str) -> None:
-    def link(a: str, b: str) -> None:
-        try:
-            os.link(a, b, follow_symlinks=False)
-        except OSError:
-            shutil.copy2(a, b, follow_symlinks=False)
-
-    if os.path.isdir(src) and not os.path.islink(src):
-        shutil.copytree(src, dst, symlinks=True, copy_function=link)
-    else:
-        link(src, dst)
-
-
-def _exchange(a: str, b: str) -> bool:
-    """Swap two directories atomically (Linux ``renameat2(RENAME_EXCHANGE)``); False where unsupported."""
-    import ctypes
-
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).renameat2
-    except (OSError, AttributeError):
-        return False
-    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    at_fdcwd, rename_exchange = -100, 2
-    return fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
-
-
-def _remove_stale_staging(parent: str) -> None:
-    """Staging directories of runs that were killed (their process no longer exists)."""
-    for entry in os.listdir(parent):
-        if not entry.startswith(STAGING_PREFIX):
-            continue
-        pid_text = entry[len(STAGING_PREFIX):].split("-", 1)[0]
-        try:
-            pid = int(pid_text)
-            os.kill(pid, 0)
-        except ValueError:
-            continue
-        except ProcessLookupError:
-            shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
-        except PermissionError:
-            continue
 
 
 class _signals_raise:

@@ -1,25 +1,14 @@
-"""Checkpoint formats as plugins: the loader / saver classes and the registry that names them.
-
-A **loader** (:class:`CheckpointLoader`) opens a checkpoint directory and describes it
-as a :class:`SourceCheckpoint`: the model (family spec, normalised config, weight map),
-every physical tensor it holds (:class:`TensorInfo`: file, byte offset, shape, dtype),
-and how the *canonical* tensors — the Hugging Face ones — are assembled from them.
-Nothing is read beyond headers. A **saver** (:class:`CheckpointSaver`) turns a source
-into a :class:`TargetPlan`: the files to write, each tensor as pieces of canonical
-tensors, and the small side files (config.json, index, tracker). The engine
-(:mod:`ascend_patch.loaders.engine`) streams the bytes between them.
-
-Plugins return instances from the ``ascend_patch_checkpoint_loaders`` /
-``ascend_patch_checkpoint_savers`` hooks; built-ins (``hf``, ``mg``) register the same
-way. Names and aliases are unique across plugins; an unknown name lists the known ones.
-"""
+"""Checkpoint formats as plugins: the loader and saver classes, what they exchange, the registry that names them."""
 
 from __future__ import annotations
 
 import abc
+import functools
 import math
+import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from ..dtypes import itemsize
@@ -55,6 +44,18 @@ REGISTER_HINT = ("a plugin adds one by returning a CheckpointLoader / Checkpoint
                  "'ascend_patch'; see docs/convert.md#writing-a-loader-plugin")
 
 
+# A **loader** (:class:`CheckpointLoader`) opens a checkpoint directory and describes it
+# as a :class:`SourceCheckpoint`: the model (family spec, normalised config, weight map),
+# every physical tensor it holds (:class:`TensorInfo`: file, byte offset, shape, dtype),
+# and how the *canonical* tensors — the Hugging Face ones — are assembled from them.
+# Nothing is read beyond headers. A **saver** (:class:`CheckpointSaver`) turns a source
+# into a :class:`TargetPlan`: the files to write, each tensor as pieces of canonical
+# tensors, and the small side files (config.json, index, tracker). The engine
+# (:mod:`ascend_patch.loaders.engine`) streams the bytes between them.
+#
+# Plugins return instances from the ``ascend_patch_checkpoint_loaders`` /
+# ``ascend_patch_checkpoint_savers`` hooks; built-ins (``hf``, ``mg``) register the same
+# way. Names and aliases are unique across plugins; an unknown name lists the known ones.
 @dataclass(frozen=True, slots=True)  # slots: one per stored tensor, tens of thousands for an MoE model
 class TensorInfo:
     """Where one physical tensor's bytes are.
@@ -104,6 +105,8 @@ class SourceCheckpoint:
     naming: str | None = None
     padded_vocab: int | None = None
     make_vocab_size_divisible_by: int | None = None
+    vocab_from: str | None = None  # how the true vocabulary of a padded source is known (--true-vocab-size, ...)
+    vocab_unknown: str | None = None  # why it is not known (then config.vocab_size is the padded size)
     iteration: int | str | None = None
     args: Any = None
     replicas: list[tuple[str, str, Piece]] = field(default_factory=list)
@@ -162,26 +165,66 @@ class TargetPlan:
 
 @dataclass(frozen=True)
 class ConvertOptions:
-    """The conversion settings, whatever form the command line used."""
+    """The conversion settings, whatever form the command line used (every field typed: no string bag)."""
 
+    # the target layout (read once, by loaders.target.target_layout)
     target_tp: int = 1
     target_pp: int = 1
     target_vpp: int = 1
     target_ep: int = 1  # expert-parallel ranks of an MoE model's mg output
     target_etp: int | None = None  # expert tensor-parallel size (None: TP, the only one the legacy layout holds)
     num_layer_list: tuple[int, ...] | None = None
+    layers_per_virtual_stage: int | None = None  # --num-layers-per-virtual-pipeline-stage (the CLI turns it into target_vpp)
     make_vocab_size_divisible_by: int = 128
     params_dtype: str | None = None  # None: keep the source dtype
     naming: str = "local"  # the saver's key naming: "local", "te" or "te_grouped" (TE, grouped-GEMM experts)
+    moe_grouped_gemm: bool = False  # --moe-grouped-gemm (checked against the naming)
+    # the model
     model_type_hf: str | None = None
+    family_hint: str | None = None  # the family a format name implies (--loader qwen3_hf), after --model-type-hf
+    claimed: Mapping[str, bool] = field(default_factory=dict)  # --add-qkv-bias / --qk-layernorm, checked against the config
     true_vocab_size: int | None = None
+    # the output
     max_shard_size: int = 5 * 1024**3
     iteration: int | None = None
+    zip_crc: bool = True  # mg output: fill the zip CRC-32 fields
     force: bool = False
     verify: bool = False
     progress: bool | None = None  # None: when stderr is a terminal
     workers: int = 0  # threads writing the output; 0: one per core, at most 8
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    _extra: Mapping[str, Any] = field(default_factory=dict, repr=False)  # keys of the deprecated extra= no field has
+
+    @property
+    def extra(self) -> Mapping[str, Any]:
+        """Deprecated: the typed fields as the old string bag held them (for savers written against it)."""
+        warnings.warn(_EXTRA_DEPRECATED, DeprecationWarning, stacklevel=2)
+        defaults = {"family_hint": None, "claimed": {}, "zip_crc": True, "moe_grouped_gemm": False,
+                    "layers_per_virtual_stage": None}
+        bag = {k: getattr(self, k) for k, default in defaults.items() if getattr(self, k) != default}
+        return MappingProxyType({**self._extra, **bag})
+
+
+_EXTRA_DEPRECATED = ("ConvertOptions.extra is deprecated: its keys are typed fields now (family_hint, claimed, "
+                     "zip_crc, moe_grouped_gemm, layers_per_virtual_stage); a plugin's own settings belong in a "
+                     "subclass of ConvertOptions")
+_typed_init = ConvertOptions.__init__
+
+
+@functools.wraps(_typed_init)
+def _init_with_extra(self: ConvertOptions, *args: Any, extra: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+    """``ConvertOptions(extra={...})``, deprecated: known keys become their typed fields."""
+    if extra:
+        warnings.warn(_EXTRA_DEPRECATED, DeprecationWarning, stacklevel=2)
+        typed = {f.name for f in fields(ConvertOptions)} - {"_extra"}
+        for key, value in extra.items():
+            if key in typed:
+                kwargs.setdefault(key, value)
+            else:
+                kwargs["_extra"] = {**kwargs.get("_extra", {}), key: value}
+    _typed_init(self, *args, **kwargs)
+
+
+ConvertOptions.__init__ = _init_with_extra  # type: ignore[method-assign]
 
 
 class CheckpointLoader(abc.ABC):

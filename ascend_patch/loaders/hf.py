@@ -1,12 +1,4 @@
-"""The ``hf`` loader and saver: Hugging Face safetensors (sharded with an index, or single).
-
-Reading also accepts ``pytorch_model.bin`` (and its index) through the weights-only
-``.pt`` reader. Writing produces what ``transformers`` ``save_pretrained`` does: one
-``model.safetensors`` or ``model-0000K-of-0000N.safetensors`` shards with
-``model.safetensors.index.json``, plus ``config.json`` (written last) and
-``generation_config.json`` when the source had one. A tied model writes no
-``lm_head.weight``.
-"""
+"""The ``hf`` loader and saver: Hugging Face safetensors (sharded with an index, or single)."""
 
 from __future__ import annotations
 
@@ -18,7 +10,7 @@ import re
 from collections import Counter
 from typing import Any
 
-from ..dtypes import canonical, itemsize
+from ..dtypes import itemsize
 from ..errors import Finding
 from ..models.hf_config import ModelConfig, read_config_json
 from ..models.weightmap import Piece, TensorPlan
@@ -27,6 +19,7 @@ from .formats import (CheckpointLoader, CheckpointSaver, ConvertOptions, SourceC
                       TensorInfo)
 from .preflight import check_tensors
 from .resolve import resolve_family, weight_map_for
+from .target import target_dtype
 
 __all__ = ["HFLoader", "HFSaver", "hf_weight_files", "own_format_problems", "source_from_hf_tensors", "parse_size"]
 
@@ -163,6 +156,12 @@ def _index_files(index_path: str, weight_map: dict[Any, Any], kind: str | tuple[
     return files
 
 
+# Reading also accepts ``pytorch_model.bin`` (and its index) through the weights-only
+# ``.pt`` reader. Writing produces what ``transformers`` ``save_pretrained`` does: one
+# ``model.safetensors`` or ``model-0000K-of-0000N.safetensors`` shards with
+# ``model.safetensors.index.json``, plus ``config.json`` (written last) and
+# ``generation_config.json`` when the source had one. A tied model writes no
+# ``lm_head.weight``.
 class HFLoader(CheckpointLoader):
     name = "hf"
     aliases = ("huggingface", "hf_safetensors")  # the families add theirs (llama_hf, qwen3_hf, ...)
@@ -280,7 +279,7 @@ class HFSaver(CheckpointSaver):
     loader = "hf"
 
     def plan(self, source: SourceCheckpoint, options: ConvertOptions) -> TargetPlan:
-        dtype = canonical(options.params_dtype) if options.params_dtype else source.dtype
+        dtype = target_dtype(source, options)
         problems = own_format_problems(source.spec, self.name, "saver")
         if not source.hf_config and source.spec.config_to_hf is None:
             problems.append(Finding("hf-config", f"the source holds no HF config.json and the {source.spec.name} "

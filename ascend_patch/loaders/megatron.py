@@ -1,13 +1,4 @@
-"""The ``mg`` loader and saver: Megatron's legacy ("torch") checkpoint layout.
-
-``<dir>/latest_checkpointed_iteration.txt`` names the iteration (or ``release``);
-``iter_{it:07d}/mp_rank_{tp:02d}[_{pp:03d}]/model_optim_rng.pt`` holds one rank:
-``args``, ``checkpoint_version`` (3.0), ``iteration`` and ``model`` — or ``model0``,
-``model1``, ... with virtual pipeline chunks. The saver also stores an ``ascend_patch``
-entry (the source's HF config, true vocabulary size, family) that Megatron ignores and
-that makes mg -> hf exact; the loader reads checkpoints without it (Megatron-LM's) from
-``args`` alone.
-"""
+"""The ``mg`` loader and saver: Megatron's legacy ("torch") checkpoint layout."""
 
 from __future__ import annotations
 
@@ -18,19 +9,18 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from ..dtypes import canonical as canonical_dtype
 from ..errors import Finding
 from ..models.registry import get_spec_registry
-from ..models.vocab import padded_vocab_size
 from ..models.weightmap import ExtraState, TensorPlan, coverage_gaps, invert
 from ..parallel import Layout, LayoutError
 from .blocks import CorruptCheckpoint
 from .formats import CheckpointLoader, CheckpointSaver, ConvertOptions, SourceCheckpoint, TargetFile, TargetPlan
-from .megatron_args import build_args, config_from_args
+from .megatron_args import build_args, config_from_args, source_vocab
 from .megatron_layout import (RANK_FILE, RELEASE, TRACKER, chunk_names, is_distributed, iteration_dir, iteration_of,
                               parse_rank_dir, rank_coordinates, rank_dir, tracked_iteration)
-from .preflight import check_expert_split, check_pipeline_split, check_tensor_split, check_tensors, check_vocab
+from .preflight import check_tensors, check_vocab
 from .resolve import resolve_family, weight_map_for
+from .target import target_layout
 
 __all__ = ["MegatronLoader", "MegatronSaver"]
 
@@ -50,6 +40,13 @@ def _layers_in(keys: Any) -> int:
     return max(found) + 1 if found else 0
 
 
+# ``<dir>/latest_checkpointed_iteration.txt`` names the iteration (or ``release``);
+# ``iter_{it:07d}/mp_rank_{tp:02d}[_{pp:03d}]/model_optim_rng.pt`` holds one rank:
+# ``args``, ``checkpoint_version`` (3.0), ``iteration`` and ``model`` — or ``model0``,
+# ``model1``, ... with virtual pipeline chunks. The saver also stores an ``ascend_patch``
+# entry (the source's HF config, true vocabulary size, family) that Megatron ignores and
+# that makes mg -> hf exact; the loader reads checkpoints without it (Megatron-LM's) from
+# ``args`` alone.
 class MegatronLoader(CheckpointLoader):
     name = "mg"
     aliases = ("megatron", "mcore", "core", "legacy", "mg_legacy", "torch")
@@ -120,17 +117,20 @@ class MegatronLoader(CheckpointLoader):
             naming = "te_grouped" if naming == "te" else naming
         base = meta.get("hf_config") if isinstance(meta.get("hf_config"), dict) else None
         hint = meta.get("family")
-        if hint is None and not options.model_type_hf and not base and not options.extra.get("family_hint"):
+        if hint is None and not options.model_type_hf and not base and not options.family_hint:
             hint = get_spec_registry().for_megatron_args(args).name  # a checkpoint Megatron-LM wrote
         spec, fam_problems = resolve_family(options, config=base, hint=hint)
         problems += fam_problems
         padded = getattr(args, "padded_vocab_size", None)
-        vocab = options.true_vocab_size or meta.get("vocab_size") or getattr(args, "vocab_size", None)
+        if padded is None:
+            emb = states[(0, 0, 0)][chunks[0]].get("embedding.word_embeddings.weight")
+            padded = int(emb.shape[0]) * tp if emb is not None else None
+        vocab, vocab_from = source_vocab(options.true_vocab_size, meta, args)
         notes = []
         if vocab is None:
-            notes.append(f"the true vocabulary size is unknown; keeping all {padded} padded rows "
+            notes.append(f"the true vocabulary size is unknown ({vocab_from}); keeping all {padded} padded rows "
                          "(pass --true-vocab-size to trim)")
-        cfg = spec.config_from_hf(base) if base else config_from_args(args, spec.name, vocab)
+        cfg = spec.config_from_hf(base) if base else config_from_args(args, spec.name, vocab or padded)
         if base and vocab and vocab != cfg.vocab_size:
             import dataclasses
 
@@ -141,8 +141,7 @@ class MegatronLoader(CheckpointLoader):
                                     "the checkpoint is incomplete or its stored config belongs to another model; "
                                     "re-convert or re-save it"))
         if padded is None:
-            emb = states[(0, 0, 0)][chunks[0]].get("embedding.word_embeddings.weight")
-            padded = int(emb.shape[0]) * tp if emb is not None else cfg.vocab_size
+            padded = cfg.vocab_size
         problems += check_vocab(cfg.vocab_size, int(getattr(args, "make_vocab_size_divisible_by", 1) or 1), tp,
                                 int(padded))
         wm = weight_map_for(spec, cfg)
@@ -187,7 +186,8 @@ class MegatronLoader(CheckpointLoader):
             hf_config=dict(base or {}), generation_config=meta.get("generation_config"), layout=layout,
             naming=naming, padded_vocab=int(padded),
             make_vocab_size_divisible_by=getattr(args, "make_vocab_size_divisible_by", None),
-            iteration=iteration, args=args, replicas=replicas, inventory=inventory, problems=problems, notes=notes)
+            iteration=iteration, args=args, replicas=replicas, inventory=inventory, problems=problems, notes=notes,
+            vocab_from=vocab_from if vocab is not None else None, vocab_unknown=None if vocab is not None else vocab_from)
 
     @staticmethod
     def _locate(path: str) -> tuple[str, int | str]:
@@ -214,26 +214,13 @@ class MegatronSaver(CheckpointSaver):
         from .torch_zip import Slot
 
         cfg = source.config
-        tp, pp, ep = options.target_tp, options.target_pp, options.target_ep
-        vpp = options.target_vpp
-        problems = check_pipeline_split(cfg.num_layers, pp, vpp, options.num_layer_list)
-        # an MoE model's dense FFN size (intermediate_size) is not built: its experts' size is checked below
-        problems += check_tensor_split(cfg.num_attention_heads, cfg.num_query_groups,
-                                       tp if cfg.is_moe else cfg.ffn_hidden_size, tp)
-        problems += check_expert_split(cfg.num_experts, cfg.moe_ffn_hidden_size, tp, ep, options.target_etp,
-                                       bool(options.extra.get("moe_grouped_gemm")), options.naming)
-        problems += check_vocab(cfg.vocab_size, options.make_vocab_size_divisible_by, tp)
-        if options.naming not in ("local", "te", "te_grouped"):
-            problems.append(Finding("naming", f"unknown key naming {options.naming!r}", "use local or transformer_engine"))
-        if problems:
+        target, problems = target_layout(source, options)
+        if target is None:
             return TargetPlan(files=[], problems=problems)
-        layout = Layout.build(cfg.num_layers, tp, pp, vpp, options.num_layer_list, ep=ep)
-        padded = padded_vocab_size(cfg.vocab_size, options.make_vocab_size_divisible_by, tp)
-        dtype = canonical_dtype(options.params_dtype) if options.params_dtype else source.dtype
-        iteration: int | str = options.iteration if options.iteration is not None else (
-            source.iteration if source.format in ("mg", "torch_dist") and source.iteration is not None else 1)
+        layout, padded, dtype, iteration = target.layout, target.padded_vocab, target.dtype, target.iteration
+        pp, ep = layout.pp, layout.ep
         args = build_args(cfg, layout, padded_vocab=padded, divisor=options.make_vocab_size_divisible_by,
-                          dtype=dtype, naming=options.naming, iteration=iteration)
+                          dtype=dtype, naming=target.naming, iteration=iteration)
         meta = {"format_version": 1, "family": source.spec.name, "vocab_size": cfg.vocab_size,
                 "hf_config": _jsonable(source.hf_config) if source.hf_config else None,
                 "generation_config": _jsonable(source.generation_config) if source.generation_config else None,

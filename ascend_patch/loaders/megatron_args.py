@@ -1,10 +1,4 @@
-"""Megatron's ``args`` Namespace for a converted checkpoint, and a ModelConfig back from one.
-
-The saver records the arguments Megatron-LM's ``load_args_from_checkpoint`` and
-``check_checkpoint_args`` read (sizes, attention layout, normalisation, parallel sizes,
-vocabulary padding, dtype); the loader reads the same names from checkpoints Megatron-LM
-wrote, so mg -> mg and mg -> hf need no HF files.
-"""
+"""Megatron's ``args`` Namespace for a converted checkpoint, and a ModelConfig (and the true vocabulary) back from one."""
 
 from __future__ import annotations
 
@@ -17,9 +11,13 @@ from ..errors import AscendPatchError
 from ..models.hf_config import ModelConfig
 from ..parallel import Layout
 
-__all__ = ["build_args", "config_from_args", "ArgsMismatch"]
+__all__ = ["build_args", "config_from_args", "ArgsMismatch", "source_vocab", "tokenizer_vocab"]
 
 
+# The saver records the arguments Megatron-LM's ``load_args_from_checkpoint`` and
+# ``check_checkpoint_args`` read (sizes, attention layout, normalisation, parallel sizes,
+# vocabulary padding, dtype); the loader reads the same names from checkpoints Megatron-LM
+# wrote, so mg -> mg and mg -> hf need no HF files.
 class ArgsMismatch(AscendPatchError, ValueError):
     """A checkpoint's ``args`` lack a field the converter needs."""
 
@@ -119,3 +117,56 @@ def config_from_args(args: Any, family: str, vocab_size: int | None, base: Mappi
         moe_aux_loss_coeff=float((aux[0] if isinstance(aux, (list, tuple)) else aux) or 0.0)
         if "aux_loss" in str(balancing) else 0.0,
     )
+
+
+# Megatron-LM's tokenizers by what decides their size (megatron/training/tokenizer/tokenizer.py up to
+# core 0.16, megatron/core/tokenizers from 0.17): these read it from files the checkpoint does not hold,
+# whatever --vocab-size says
+_FROM_FILES = ("BertWordPieceLowerCase", "BertWordPieceCase", "GPT2BPETokenizer", "SentencePieceTokenizer",
+               "GPTSentencePieceTokenizer", "HuggingFaceTokenizer", "Llama2Tokenizer", "MultimodalTokenizer",
+               "SFTTokenizer")
+_MISSING = object()
+
+
+def source_vocab(true_vocab_size: int | None, meta: Mapping[str, Any], args: Any) -> tuple[int | None, str]:
+    """A Megatron checkpoint's true vocabulary and how it is known: ``--true-vocab-size``, the size
+    ascend-patch recorded when it wrote the checkpoint, else Megatron's own rule (:func:`tokenizer_vocab`)."""
+    if true_vocab_size:
+        return int(true_vocab_size), f"--true-vocab-size {true_vocab_size}"
+    if meta.get("vocab_size"):
+        return int(meta["vocab_size"]), "as ascend-patch convert recorded it in the checkpoint"
+    return tokenizer_vocab(args)
+
+
+def tokenizer_vocab(args: Any) -> tuple[int | None, str]:
+    """(the vocabulary Megatron-LM's tokenizer had when it wrote a checkpoint with these ``args``, how that is
+    known); None when the args cannot tell, and the second part then says why.
+
+    * NullTokenizer / NullMultimodalTokenizer: ``--vocab-size`` ids, then the end-of-document id
+      Megatron adds after them (``vocab_size + 1``, which the padded vocabulary is computed from).
+      Megatron-LM main's NullTokenizer (its args carry ``null_tokenizer_eod_id``) counts the
+      end-of-document id inside ``--vocab-size`` instead;
+    * TikTokenizer: ``--vocab-size``, 2**17 without it;
+    * tokenizers read from files (GPT2BPE, SentencePiece, HuggingFace, ...): unknown;
+    * no tokenizer recorded (a checkpoint another tool wrote): ``args.vocab_size`` when present.
+    """
+    kind = _get(args, "tokenizer_type")
+    size = _get(args, "vocab_size")
+    if kind in ("NullTokenizer", "NullMultimodalTokenizer") and size is not None:
+        eod = _get(args, "null_tokenizer_eod_id", _MISSING)
+        if kind == "NullTokenizer" and eod is not _MISSING:
+            eod = int(size) - 1 if eod is None else eod
+            return int(size), (f"--tokenizer-type NullTokenizer --vocab-size {size} (Megatron-LM's newer NullTokenizer: "
+                               f"its end-of-document id {eod} is one of them)")
+        return int(size) + 1, (f"--tokenizer-type {kind} --vocab-size {size}, plus the end-of-document id {size} "
+                               "Megatron's tokenizer adds")
+    if kind == "TikTokenizer":
+        if size:
+            return int(size), f"--tokenizer-type TikTokenizer --vocab-size {size}"
+        return 2**17, "--tokenizer-type TikTokenizer without --vocab-size (its default, 131072)"
+    if kind in _FROM_FILES:
+        return None, f"--tokenizer-type {kind} reads its vocabulary from files, which the checkpoint does not hold"
+    if size is not None:
+        return int(size), "the vocab_size in the checkpoint's args"
+    return None, "the checkpoint's args record neither a tokenizer nor a vocabulary size"
+

@@ -1,18 +1,4 @@
-"""Megatron's checkpoint directory, as Megatron-LM writes it: the one place that spells it out.
-
-::
-
-    <dir>/latest_checkpointed_iteration.txt      an iteration number, or "release"
-    <dir>/iter_0000100/                          (or release/) one folder per saved iteration
-        mp_rank_TT[_PPP][_EEE]/model_optim_rng.pt   the legacy ("torch") format: one file per rank
-        .metadata, *.distcp, common.pt               the torch_dist format: no rank folders
-
-``_PPP`` appears when PP > 1 and ``_EEE`` when EP > 1 (Megatron-LM's
-``get_checkpoint_name``), so a two-part name (``mp_rank_00_001``) is PP or EP: the sizes
-decide, and without them it is read as PP. A rank file holds ``model``, or one
-``model0``, ``model1``, ... per virtual pipeline chunk. The converter's loader and
-saver, its verification and ``ascend-patch check`` all ask this module.
-"""
+"""Megatron's checkpoint directory, as Megatron-LM writes it: the one place that spells it out."""
 
 from __future__ import annotations
 
@@ -20,8 +6,21 @@ import os
 import re
 from collections.abc import Iterable
 
+from ..errors import FindingError
 from .blocks import CorruptCheckpoint
 
+# ::
+#
+#     <dir>/latest_checkpointed_iteration.txt      an iteration number, or "release"
+#     <dir>/iter_0000100/                          (or release/) one folder per saved iteration
+#         mp_rank_TT[_PPP][_EEE]/model_optim_rng.pt   the legacy ("torch") format: one file per rank
+#         .metadata, *.distcp, common.pt               the torch_dist format: no rank folders
+#
+# ``_PPP`` appears when PP > 1 and ``_EEE`` when EP > 1 (Megatron-LM's
+# ``get_checkpoint_name``), so a two-part name (``mp_rank_00_001``) is PP or EP: the sizes
+# decide, and without them it is read as PP. A rank file holds ``model``, or one
+# ``model0``, ``model1``, ... per virtual pipeline chunk. The converter's loader and
+# saver, its verification and ``ascend-patch check`` all ask this module.
 __all__ = [
     "tracked_iteration",
     "RANK_FILE",
@@ -204,5 +203,6 @@ def chunk_index(name: str) -> int:
     """``model`` -> 0, ``model3`` -> 3."""
     m = _CHUNK.match(name)
     if m is None:
-        raise ValueError(f"{name!r} is not a model chunk name (model, model0, model1, ...)")
+        raise FindingError(f"{name!r} is not a model chunk name", "chunk-name",
+                           "a Megatron rank file holds model, or model0, model1, ... (one per virtual stage)")
     return int(m.group(1) or 0)

@@ -1,19 +1,4 @@
-"""Writing a conversion's output files with several worker threads.
-
-The work is cut into units: a span of consecutive tensors of one lockstep group (the TP
-ranks of one stage, written tensor by tensor so each source block read serves all of
-them). Workers take units in order, so a single large file is shared between workers
-too; each worker has its own file descriptors, block buffer and read cache. The bytes
-move in ``copy_file_range`` / ``preadv`` / ``pwrite`` and numpy copies, which release the
-GIL: on a host the copies are memory-bound kernel work, so a second core is a second
-copy engine.
-
-Writers are opened when a group's first unit starts and closed after its last one.
-Everything the caller sees — the progress bar, ``on_progress`` events, the exception
-of a failed worker, a signal — happens in the calling thread: workers only put events
-on a queue, and block the usual asynchronous signals. On any exception there (a worker's error, ``Interrupted``, Ctrl-C) the
-workers stop after their current tensor and every open writer is aborted.
-"""
+"""Writing a conversion's output files with several worker threads."""
 
 from __future__ import annotations
 
@@ -34,6 +19,20 @@ from .formats import TargetFile
 
 __all__ = ["UNIT_BYTES", "default_workers", "write_groups", "units"]
 
+# The work is cut into units: a span of consecutive tensors of one lockstep group (the TP
+# ranks of one stage, written tensor by tensor and block by block so each source block read
+# serves all of them). Workers take units in order, so a single large file is shared between workers
+# too; each worker has its own file descriptors, block buffer and read cache. The bytes
+# move in ``copy_file_range`` / ``preadv`` / ``pwrite`` and numpy copies, which release the
+# GIL: on a host the copies are memory-bound kernel work, so a second core is a second
+# copy engine.
+#
+# Writers are opened when a group's first unit starts and closed after its last one.
+# Everything the caller sees — the progress bar, ``on_progress`` events, the exception
+# of a failed worker, a signal — happens in the calling thread: workers only put events
+# on a queue, and block the usual asynchronous signals. On any exception there (a worker's
+# error, ``Interrupted``, Ctrl-C) the workers stop after their current tensor and every open
+# writer is aborted.
 UNIT_BYTES = 64 * 1024 * 1024  # a unit is at least this much output (or a whole group when smaller)
 _MAX_DEFAULT_WORKERS = 8
 
@@ -76,8 +75,9 @@ class _Run:
     """State shared by the workers of one write: the unit queue, the open writers, the stop flag."""
 
     def __init__(self, groups: list[list[TargetFile]], spans: list[tuple[int, int, int]],
-                 open_writer: Callable[[TargetFile, BlockFiller], Any]) -> None:
-        self.groups, self.open_writer = groups, open_writer
+                 open_writer: Callable[[TargetFile, BlockFiller], Any],
+                 finished: Callable[[TargetFile], None] | None = None) -> None:
+        self.groups, self.open_writer, self.finished = groups, open_writer, finished
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.events: queue.Queue[tuple[Any, ...]] = queue.Queue()
@@ -125,6 +125,8 @@ class _Run:
         for w in writers:
             w.close()
         for target in self.groups[g]:
+            if self.finished is not None:  # in this worker: another one goes on writing meanwhile
+                self.finished(target)
             self.events.put(("file", target.relpath))
 
     def abort_all(self) -> None:
@@ -135,11 +137,18 @@ class _Run:
             w.abort()
 
 
+WriteTensor = Callable[[BlockFiller, list[Any], list[TensorPlan], str, np.ndarray, Callable[[int], None]], list[int]]
+
+
 def write_groups(groups: list[list[TargetFile]], tensors: Any, workers: int,
-                 open_writer: Callable[[TargetFile, BlockFiller], Any],
-                 write_tensor: Callable[[BlockFiller, Any, TensorPlan, str, np.ndarray, Callable[[int], None]], int],
-                 block_bytes: int, on_event: Callable[[tuple[Any, ...]], None], fine_events: bool = True) -> None:
+                 open_writer: Callable[[TargetFile, BlockFiller], Any], write_tensor: WriteTensor,
+                 block_bytes: int, on_event: Callable[[tuple[Any, ...]], None], fine_events: bool = True,
+                 finished: Callable[[TargetFile], None] | None = None) -> None:
     """Write every file of ``groups`` with ``workers`` threads; ``on_event`` runs in this thread.
+
+    ``write_tensor(filler, writers, tensors, dtype, buffer, advance)`` writes one tensor of every
+    file of a group (the same tensor index: same shape and dtype) and returns the bytes of each;
+    ``finished(target)`` runs in the worker after a file is closed (the engine's fsync).
 
     Events: ``("bytes", n)`` as data moves, ``("tensor", relpath, key, nbytes)`` after each
     tensor, ``("file", relpath)`` after each file is closed. With ``fine_events=False``
@@ -147,7 +156,7 @@ def write_groups(groups: list[list[TargetFile]], tensors: Any, workers: int,
     each event wakes this thread, and an MoE checkpoint has thousands of tensors.
     """
     spans = units(groups)
-    run = _Run(groups, spans, open_writer)
+    run = _Run(groups, spans, open_writer, finished)
     run.fine = fine_events
     threads = [threading.Thread(target=_worker, args=(run, tensors, write_tensor, block_bytes),
                                 name=f"ascend_patch-convert-{k}", daemon=True)
@@ -212,13 +221,13 @@ def _worker(run: _Run, tensors: Any, write_tensor: Callable[..., int], block_byt
             writers = run.writers(g, filler)
             written = 0
             for i in range(lo, hi):
-                for target, writer in zip(group, writers):
-                    if run.stop.is_set():
-                        return
-                    tensor = target.tensors[i]
-                    n = write_tensor(filler, writer, tensor, target.dtype, buffer, moved)
+                if run.stop.is_set():
+                    return
+                # the group's files together, block by block: a source block read once serves every file
+                sizes = write_tensor(filler, writers, [t.tensors[i] for t in group], group[0].dtype, buffer, moved)
+                for target, n in zip(group, sizes):
                     if run.fine:
-                        run.events.put(("tensor", target.relpath, tensor.key, n))
+                        run.events.put(("tensor", target.relpath, target.tensors[i].key, n))
                     written += n
             if not run.fine:
                 run.events.put(("written", written))

@@ -1,11 +1,4 @@
-"""Preflight: every inconsistency found before any byte is written, each with numbers and a remedy.
-
-The checks are public functions returning :class:`Finding` lists so the converter can
-report all of them at once. Parallel sizes are judged by :mod:`ascend_patch.parallel` (the same
-rules ``ascend-patch check`` and training use), with the converter's flag names:
-``28 layers cannot be split over 8 pipeline stages; use --target-pipeline-parallel-size
-1, 2, 4, 7, 14 or 28, or give --num-layer-list``.
-"""
+"""Preflight: every inconsistency found before any byte is written, each with numbers and a remedy."""
 
 from __future__ import annotations
 
@@ -31,7 +24,7 @@ from ..parallel import (
 )
 
 __all__ = [
-        "PreflightError",
+    "PreflightError",
     "check_pipeline_split",
     "check_tensor_split",
     "check_expert_split",
@@ -40,10 +33,16 @@ __all__ = [
     "check_tensors",
     "check_output_dir",
     "check_disk_space",
+    "human_bytes",
     "raise_if_any",
 ]
 
 
+# The checks are public functions returning :class:`Finding` lists so the converter can
+# report all of them at once. Parallel sizes are judged by :mod:`ascend_patch.parallel` (the same
+# rules ``ascend-patch check`` and training use), with the converter's flag names:
+# ``28 layers cannot be split over 8 pipeline stages; use --target-pipeline-parallel-size
+# 1, 2, 4, 7, 14 or 28, or give --num-layer-list``.
 class PreflightError(AscendPatchError, ValueError):
     """The conversion cannot start; :attr:`problems` lists every reason."""
 
@@ -280,9 +279,20 @@ def check_disk_space(save_dir: str, needed: int) -> list[Finding]:
         probe = os.path.dirname(probe)
     free = shutil.disk_usage(probe).free
     if free < needed:
-        return [Finding("disk-space", f"the output needs {needed / 1e9:.2f} GB but {probe} has {free / 1e9:.2f} GB free",
+        return [Finding("disk-space", f"the output needs {human_bytes(needed)} but {probe} has {human_bytes(free)} free",
                         "free space or choose another --save-dir")]
     return []
+
+
+def human_bytes(n: int | float) -> str:
+    """``n`` bytes in the decimal unit that fits (``512 bytes``, ``3.4 KB``, ``12.0 MB``, ``14.20 GB``, ``1.50 TB``),
+    so a small output reads as what it is rather than ``0.00 GB``."""
+    if n < 1000:
+        return f"{int(n)} byte{'' if int(n) == 1 else 's'}"
+    for unit, size, digits in (("KB", 1e3, 1), ("MB", 1e6, 1), ("GB", 1e9, 2)):
+        if n < size * 1000:
+            return f"{n / size:.{digits}f} {unit}"
+    return f"{n / 1e12:.2f} TB"
 
 
 def raise_if_any(problems: Iterable[Finding]) -> None:

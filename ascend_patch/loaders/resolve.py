@@ -1,8 +1,4 @@
-"""Which model family a checkpoint is: ``--model-type-hf``, the HF config, or a hint (a format alias, the args).
-
-Every name, alias and hint comes from the family specs (:mod:`ascend_patch.models.registry`):
-nothing here knows a family by name.
-"""
+"""Which model family a checkpoint is: ``--model-type-hf``, the HF config, or a hint (a format alias, the args)."""
 
 from __future__ import annotations
 
@@ -18,12 +14,14 @@ from .formats import ConvertOptions
 __all__ = ["resolve_family", "weight_map_for"]
 
 
+# Every name, alias and hint comes from the family specs (:mod:`ascend_patch.models.registry`):
+# nothing here knows a family by name.
 def resolve_family(options: ConvertOptions, config: Mapping[str, Any] | None = None,
                    hint: str | None = None) -> tuple[ModelSpec, list[Finding]]:
     """The spec for this checkpoint, and a problem if ``--model-type-hf`` contradicts the config."""
     registry = get_spec_registry()
     problems: list[Finding] = []
-    hint = hint or options.extra.get("family_hint")
+    hint = hint or options.family_hint
     from_config = registry.for_hf_config(config) if config else None
     if options.model_type_hf:
         spec = registry.get(options.model_type_hf)

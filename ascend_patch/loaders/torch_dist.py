@@ -1,19 +1,4 @@
-"""The ``torch_dist`` loader and saver: Megatron-LM's default checkpoint format, without a model.
-
-megatron-core saves each tensor once, under a key without the layer number
-(``decoder.layers.self_attention.linear_qkv.weight``), as a *global* tensor: the layers
-stacked on a leading axis, TP shards placed where a TP 1 checkpoint holds them (the QKV
-groups interleaved, fc1 as [gate; up], the vocabulary padded), every rank writing the
-chunks it owns (``.metadata`` says which: offsets and sizes in the global tensor). The
-norms of its local spec keep the Transformer-Engine names (``linear_qkv.layer_norm_weight``)
-and each linear layer's extra state is a ShardedObject per layer.
-
-So a torch_dist checkpoint *is* the TP 1 / PP 1 Megatron layout, cut into boxes: the
-loader describes each stored chunk (one layer of it at a time) as a box of that layout,
-which the family's weight map already relates to the HF tensors; the saver writes that
-layout with one chunk per layer and tensor, which megatron-core re-shards on load to any
-TP / PP. Neither builds a model nor imports megatron-core; tensors stream by block.
-"""
+"""The ``torch_dist`` loader and saver: Megatron-LM's default checkpoint format, read and written without a model."""
 
 from __future__ import annotations
 
@@ -28,17 +13,17 @@ from ..dtypes import canonical as canonical_dtype
 from ..dtypes import itemsize
 from ..errors import Finding
 from ..models.registry import get_spec_registry
-from ..models.vocab import padded_vocab_size
 from ..models.weightmap import ExtraState, Piece, TensorPlan, WeightMap, coverage_gaps, invert
 from ..parallel import Layout, LayoutError
 from .blocks import CorruptCheckpoint, contiguous
 from .formats import CheckpointLoader, CheckpointSaver, ConvertOptions, SourceCheckpoint, TargetFile, TargetPlan
-from .megatron_args import build_args, config_from_args
+from .megatron_args import build_args, config_from_args, source_vocab
 from .megatron_layout import (DIST_COMMON, DIST_CONTENT, DIST_CONTENT_JSON, DIST_METADATA, RELEASE, TRACKER,
                               dist_cell, dist_local_spec_name, dist_object_key, distcp_name, is_distributed, iteration_dir, iteration_of,
                               tracked_iteration)
-from .preflight import check_expert_split, check_tensor_split, check_vocab
+from .preflight import check_vocab
 from .resolve import resolve_family, weight_map_for
+from .target import target_layout
 
 __all__ = ["DistEntry", "TorchDistLoader", "TorchDistSaver", "dist_entries", "inspect_dist", "locate_dist"]
 
@@ -47,6 +32,19 @@ _NOT_MODEL = ("optimizer.", "rng_state", "rerun_state_machine_state")
 _FILE_BYTES = 256 * 1024 * 1024  # an output .distcp holds about this much (files are written in parallel)
 
 
+# megatron-core saves each tensor once, under a key without the layer number
+# (``decoder.layers.self_attention.linear_qkv.weight``), as a *global* tensor: the layers
+# stacked on a leading axis, TP shards placed where a TP 1 checkpoint holds them (the QKV
+# groups interleaved, fc1 as [gate; up], the vocabulary padded), every rank writing the
+# chunks it owns (``.metadata`` says which: offsets and sizes in the global tensor). The
+# norms of its local spec keep the Transformer-Engine names (``linear_qkv.layer_norm_weight``)
+# and each linear layer's extra state is a ShardedObject per layer.
+#
+# So a torch_dist checkpoint *is* the TP 1 / PP 1 Megatron layout, cut into boxes: the
+# loader describes each stored chunk (one layer of it at a time) as a box of that layout,
+# which the family's weight map already relates to the HF tensors; the saver writes that
+# layout with one chunk per layer and tensor, which megatron-core re-shards on load to any
+# TP / PP. Neither builds a model nor imports megatron-core; tensors stream by block.
 @dataclasses.dataclass(frozen=True)
 class DistEntry:
     """One model tensor of a torch_dist checkpoint: its key, the grid it is stacked on, one cell of it.
@@ -205,18 +203,18 @@ class TorchDistLoader(CheckpointLoader):
         meta = common.get("ascend_patch") if isinstance(common.get("ascend_patch"), dict) else {}
         base = meta.get("hf_config") if isinstance(meta.get("hf_config"), dict) else None
         hint = meta.get("family")
-        if hint is None and not options.model_type_hf and not base and not options.extra.get("family_hint"):
+        if hint is None and not options.model_type_hf and not base and not options.family_hint:
             hint = get_spec_registry().for_megatron_args(args).name
         spec, problems = resolve_family(options, config=base, hint=hint)
-        vocab = options.true_vocab_size or meta.get("vocab_size") or getattr(args, "vocab_size", None)
+        vocab, vocab_from = source_vocab(options.true_vocab_size, meta, args)
         notes = []
         stored = metadata.state_dict_metadata
         emb = stored.get("embedding.word_embeddings.weight")
         padded = int(emb.size[0]) if getattr(emb, "size", None) is not None else getattr(args, "padded_vocab_size", None)
         if vocab is None:
-            notes.append(f"the true vocabulary size is unknown; keeping all {padded} padded rows "
+            notes.append(f"the true vocabulary size is unknown ({vocab_from}); keeping all {padded} padded rows "
                          "(pass --true-vocab-size to trim)")
-        cfg = spec.config_from_hf(base) if base else config_from_args(args, spec.name, vocab)
+        cfg = spec.config_from_hf(base) if base else config_from_args(args, spec.name, vocab or padded)
         if base and vocab and vocab != cfg.vocab_size:
             cfg = dataclasses.replace(cfg, vocab_size=int(vocab))
         padded = int(padded or cfg.vocab_size)
@@ -303,7 +301,8 @@ class TorchDistLoader(CheckpointLoader):
             naming="te", padded_vocab=padded,
             make_vocab_size_divisible_by=getattr(args, "make_vocab_size_divisible_by", None),
             iteration=iteration, args=args, replicas=replicas, inventory={f"{where}#model": {**found, **objects}},
-            problems=problems, notes=notes)
+            problems=problems, notes=notes,
+            vocab_from=vocab_from if vocab is not None else None, vocab_unknown=None if vocab is not None else vocab_from)
 
 
 
@@ -348,23 +347,10 @@ class TorchDistSaver(CheckpointSaver):
 
         cfg = source.config
         tp = options.target_tp
-        # torch_dist is re-sharded on load: the target TP only decides the vocabulary padding, and it
-        # must be a TP the model can be split over
-        problems = check_tensor_split(cfg.num_attention_heads, cfg.num_query_groups, cfg.ffn_hidden_size, tp)
-        problems += check_vocab(cfg.vocab_size, options.make_vocab_size_divisible_by, tp)
-        # EP and expert-TP are chosen at launch as well; given here, they are checked as the training run
-        # will use them (any expert-TP: this format has no per-TP-rank files that would have to agree with TP)
-        problems += [f for f in check_expert_split(cfg.num_experts, cfg.moe_ffn_hidden_size, tp, options.target_ep,
-                                                   options.target_etp) if f.code != "etp-vs-tp"]
-        if options.naming not in ("local", "te", "te_grouped"):
-            problems.append(Finding("naming", f"unknown key naming {options.naming!r}", "use local or transformer_engine"))
-        if problems:
+        target, problems = target_layout(source, options, per_rank_files=False)
+        if target is None:
             return TargetPlan(files=[], problems=problems)
-        padded = padded_vocab_size(cfg.vocab_size, options.make_vocab_size_divisible_by, tp)
-        dtype = canonical_dtype(options.params_dtype) if options.params_dtype else source.dtype
-        iteration: int | str = options.iteration if options.iteration is not None else (
-            source.iteration if source.format in ("mg", self.name) and source.iteration is not None else 1)
-        layout = Layout.build(cfg.num_layers, 1, 1, 1)
+        layout, padded, dtype, iteration = target.layout, target.padded_vocab, target.dtype, target.iteration
         wm = source.weight_map
         items: list[tuple[DistItem, TensorPlan | None]] = []
         dtypes: dict[str, str] = {}

@@ -1,16 +1,4 @@
-"""``ascend-patch args --hf-config PATH``: the Megatron arguments for a Hugging Face model.
-
-Prints the flags Megatron-LM / the example ``pretrain_gpt.py`` need to build the model
-that ``config.json`` describes, with the layer spec that serves it and the vocabulary
-(true size, and the padded size Megatron will build for the TP size given): the
-architecture, the dropout rates the model trains with (Megatron's default is 0.1), and
-``--spec NAME``, the family's layer spec, whose state-dict names are the ones ``ascend-patch
-convert`` writes (under ascend_patch, Megatron-LM's ``--spec`` takes the registered name).
-The argv is valid Megatron: Megatron has no flag for the padded vocabulary, it pads
-``--vocab-size`` itself. ``--check FLAG ...`` compares a command line with the config instead and lists
-each disagreement (exit status 1 when there is one); ``ascend-patch check`` uses
-:func:`disagreements` for the same comparison.
-"""
+"""``ascend-patch args --hf-config PATH``: the Megatron arguments for a Hugging Face model."""
 
 from __future__ import annotations
 
@@ -20,12 +8,22 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..dtypes import DTYPES, SHORT_NAMES
-from ..errors import Finding
+from ..errors import AscendPatchError, Finding
 from .hf_config import ModelConfig, read_config_json
 
 __all__ = ["disagreements", "format_args", "model_config_from_path", "register"]
 
 
+# Prints the flags Megatron-LM / the example ``pretrain_gpt.py`` need to build the model
+# that ``config.json`` describes, with the layer spec that serves it and the vocabulary
+# (true size, and the padded size Megatron will build for the TP size given): the
+# architecture, the dropout rates the model trains with (Megatron's default is 0.1), and
+# ``--spec NAME``, the family's layer spec, whose state-dict names are the ones ``ascend-patch
+# convert`` writes (under ascend_patch, Megatron-LM's ``--spec`` takes the registered name).
+# The argv is valid Megatron: Megatron has no flag for the padded vocabulary, it pads
+# ``--vocab-size`` itself. ``--check FLAG ...`` compares a command line with the config instead and lists
+# each disagreement (exit status 1 when there is one); ``ascend-patch check`` uses
+# :func:`disagreements` for the same comparison.
 def model_config_from_path(path: str, spec: str | None = None) -> tuple[ModelConfig, str]:
     """(ModelConfig, spec name) for a ``config.json`` (or a directory holding one)."""
     from .registry import get_spec_registry
@@ -180,7 +178,12 @@ def _cmd_args(ns: argparse.Namespace) -> int:
         if not problems:
             print(f"the {len(_parse_argv(check))} given arguments agree with {ns.hf_config}")
         return 1 if problems else 0
-    print(format_args(mc, spec, ns.format, ns.tensor_model_parallel_size, ns.make_vocab_size_divisible_by))
+    try:
+        text = format_args(mc, spec, ns.format, ns.tensor_model_parallel_size, ns.make_vocab_size_divisible_by)
+    except AscendPatchError as exc:  # a size that is not one (--make-vocab-size-divisible-by 0)
+        print(f"ascend-patch args: {exc}", file=sys.stderr)
+        return 2
+    print(text)
     for note in mc.notes:  # stderr: the arguments on stdout stay usable as they are (--format argv)
         print(f"note: {note}", file=sys.stderr)
     return 0

@@ -12,6 +12,7 @@ from megatron.core.transformer.module import MegatronModule
 from megatron.core.utils import divide
 
 from ..ops.context_parallel import COMM_TYPES, all_gather_sequence, attend, context_parallel_attention
+from .hf_config import ConfigMismatch
 
 __all__ = ["ContextParallelAttention", "all_gather_sequence", "attend"]
 
@@ -35,12 +36,15 @@ class ContextParallelAttention(MegatronModule):
                  cp_comm_type: str | None = None, pg_collection: Any = None) -> None:
         super().__init__(config=config)
         if cp_comm_type not in (None, *COMM_TYPES):
-            raise ValueError(f"cp_comm_type={cp_comm_type!r} is not one of {', '.join(COMM_TYPES)} (--cp-comm-type)")
+            raise ConfigMismatch(f"cp_comm_type={cp_comm_type!r} is not a context-parallel exchange",
+                                 "cp-comm-type", f"use one of {', '.join(COMM_TYPES)} (--cp-comm-type)")
         if config.window_size is not None:
-            raise ValueError("sliding-window attention (window_size) is not supported by "
-                             "ContextParallelAttention; use megatron-core's local spec without CP")
+            raise ConfigMismatch("sliding-window attention (window_size) is not supported by "
+                                 "ContextParallelAttention", "window-size",
+                                 "use megatron-core's local spec without CP")
         if config.softmax_type != "vanilla":
-            raise ValueError(f"softmax_type={config.softmax_type!r} is not supported; use 'vanilla'")
+            raise ConfigMismatch(f"softmax_type={config.softmax_type!r} is not supported", "softmax-type",
+                                 "use 'vanilla'")
         self.layer_number = max(1, layer_number)
         self.attn_mask_type = attn_mask_type
         tp = pg_collection.tp if pg_collection is not None and hasattr(pg_collection, "tp") else \
@@ -65,12 +69,15 @@ class ContextParallelAttention(MegatronModule):
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any,
                 attn_mask_type: Any = None, attention_bias: Any = None, packed_seq_params: Any = None) -> Any:
         if packed_seq_params is not None or attention_bias is not None:
-            raise ValueError("ContextParallelAttention does not take packed sequences or an attention bias")
+            raise ConfigMismatch("ContextParallelAttention does not take packed sequences or an attention bias",
+                                 "attention-input", "train without packed sequences (--reset-attention-mask) "
+                                 "or use megatron-core's local spec without CP")
         mask_type = attn_mask_type if attn_mask_type is not None else self.attn_mask_type
         causal = mask_type == AttnMaskType.causal
         if not causal and attention_mask is not None:
-            raise ValueError(f"attn_mask_type={mask_type} with an explicit attention_mask is not supported; "
-                             "ContextParallelAttention computes causal or unmasked attention")
+            raise ConfigMismatch(f"attn_mask_type={mask_type} with an explicit attention_mask is not supported",
+                                 "attention-mask", "ContextParallelAttention computes causal or unmasked attention: "
+                                 "use a causal mask type")
         dropout = self.dropout if self.training else 0.0
         # [s, b, h, d] -> [b, s, h, d]
         q, k, v = (t.transpose(0, 1) for t in (query, key, value))

@@ -1,15 +1,4 @@
-"""Hugging Face ``config.json`` -> one normalised :class:`ModelConfig` for every family.
-
-Configs are read as they are written today and as they were: transformers 5.x
-writes ``dtype`` and nests rope settings (``"rope_parameters": {"rope_theta": ...}``);
-older files have ``torch_dtype`` and a top-level ``rope_theta`` / ``rope_scaling``.
-
-What a config asks for that the megatron-core model built from it will not do is kept,
-not dropped: ``sliding_window`` (Mistral v0.1; Qwen2/3 with ``use_sliding_window``) is
-recorded in :attr:`ModelConfig.sliding_window` and explained in :attr:`ModelConfig.notes`
-(the family specs attend over the full causal context). The weights do not depend on it,
-so conversion goes on; :func:`.transformer_config.transformer_config` warns with the note.
-"""
+"""Hugging Face ``config.json`` -> one normalised :class:`ModelConfig` for every family."""
 
 from __future__ import annotations
 
@@ -17,17 +6,29 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..dtypes import short_name
-from ..errors import AscendPatchError
+from ..errors import FindingError
+
+if TYPE_CHECKING:
+    from .registry import Traits
 
 __all__ = ["ModelConfig", "ConfigMismatch", "hf_config_dict", "load_hf_config", "read_config_json",
            "rope_scaling_kwargs", "sliding_window"]
 
 
-class ConfigMismatch(AscendPatchError, ValueError):
-    """An HF config lacks a field the family needs, or has one it cannot honour."""
+# Configs are read as they are written today and as they were: transformers 5.x
+# writes ``dtype`` and nests rope settings (``"rope_parameters": {"rope_theta": ...}``);
+# older files have ``torch_dtype`` and a top-level ``rope_theta`` / ``rope_scaling``.
+#
+# What a config asks for that the megatron-core model built from it will not do is kept,
+# not dropped: ``sliding_window`` (Mistral v0.1; Qwen2/3 with ``use_sliding_window``) is
+# recorded in :attr:`ModelConfig.sliding_window` and explained in :attr:`ModelConfig.notes`
+# (the family specs attend over the full causal context). The weights do not depend on it,
+# so conversion goes on; :func:`.transformer_config.transformer_config` warns with the note.
+class ConfigMismatch(FindingError):
+    """A model config lacks a field the family needs, or asks for what the model cannot do (``remedy``: what to do)."""
 
 
 @dataclass(frozen=True)
@@ -245,8 +246,18 @@ def sliding_window(cfg: Mapping[str, Any]) -> int | None:
 
 
 def load_hf_config(cfg: Mapping[str, Any], family: str, *, qk_layernorm: bool = False,
-                   add_qkv_bias: bool | None = None, default_tied: bool = False) -> ModelConfig:
-    """Normalise a llama-style config (llama, mistral, qwen2, qwen3) into a ModelConfig."""
+                   add_qkv_bias: bool | None = None, default_tied: bool = False,
+                   traits: Traits | None = None) -> ModelConfig:
+    """Normalise a llama-style config (llama, mistral, qwen2, qwen3) into a ModelConfig.
+
+    ``traits`` (the family's :class:`~.registry.Traits`) decide the three keywords: q/k norm
+    and the q/k/v bias where the family always has them (else ``attention_bias`` says), and
+    whether embeddings are tied when config.json does not say.
+    """
+    if traits is not None:
+        qk_layernorm = bool(traits.qk_norm)
+        add_qkv_bias = True if traits.qkv_bias else None
+        default_tied = traits.tied
     heads = int(_need(cfg, "num_attention_heads", family))
     hidden = int(_need(cfg, "hidden_size", family))
     groups = int(cfg.get("num_key_value_heads") or heads)

@@ -1,11 +1,4 @@
-"""The megatron-core layer spec the built-in families share: a dense pre-norm decoder layer.
-
-Built from megatron-core's own modules (``TransformerLayer``, ``SelfAttention``,
-``ColumnParallelLinear``/``RowParallelLinear``, ``MLP``, the local norm) with one change:
-the core attention is :class:`ascend_patch.models.attention.ContextParallelAttention`,
-so the specs train with context parallelism without Transformer Engine. Importing this
-module imports megatron-core; the family plugins import it only when a spec is built.
-"""
+"""The megatron-core layer spec the built-in families share: a dense pre-norm decoder layer (imports megatron-core)."""
 
 from __future__ import annotations
 
@@ -21,16 +14,23 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
 
 from .attention import ContextParallelAttention
+from .hf_config import ConfigMismatch
 
-__all__ = ["dense_layer_spec", "family_layer_spec", "moe_layer_spec"]
+__all__ = ["dense_layer_spec", "family_layer_spec", "moe_layer_spec", "traits_layer_spec"]
 
+# Built from megatron-core's own modules (``TransformerLayer``, ``SelfAttention``,
+# ``ColumnParallelLinear``/``RowParallelLinear``, ``MLP``, the local norm) with one change:
+# the core attention is :class:`ascend_patch.models.attention.ContextParallelAttention`,
+# so the specs train with context parallelism without Transformer Engine. Importing this
+# module imports megatron-core; the family plugins import it only when a spec is built.
 _NORMS = ("LayerNorm", "RMSNorm")
 
 
 def dense_layer_spec(normalization: str = "RMSNorm", qk_layernorm: bool = False) -> ModuleSpec:
     """A decoder layer: norm -> self-attention (q/k norm optional) -> norm -> MLP, with residuals."""
     if normalization not in _NORMS:
-        raise ValueError(f"normalization={normalization!r} is not supported; use one of {', '.join(_NORMS)}")
+        raise ConfigMismatch(f"normalization={normalization!r} is not supported", "normalization",
+                             f"use one of {', '.join(_NORMS)} (--normalization)")
     provider = LocalSpecProvider()
     rms = normalization == "RMSNorm"
     norm = provider.layer_norm(rms_norm=rms, for_qk=False)
@@ -96,9 +96,16 @@ def moe_layer_spec(config: Any, normalization: str, qk_layernorm: bool, num_expe
     experts = num_experts or getattr(config, "num_experts", None) or getattr(config, "num_moe_experts", None)
     grouped = grouped_gemm or bool(getattr(config, "moe_grouped_gemm", False))  # Megatron-LM's --moe-grouped-gemm
     if not experts:
-        raise ValueError("an MoE layer spec needs the number of experts (num_experts)")
+        raise ConfigMismatch("an MoE layer spec needs the number of experts", "num-experts",
+                             "give --num-experts (the config's num_experts)")
     mlp = get_moe_module_spec_for_backend(LocalSpecProvider(), num_experts=int(experts),
                                           moe_grouped_gemm=grouped, moe_use_legacy_grouped_gemm=grouped)
     layer.submodules = dataclasses.replace(layer.submodules, mlp=mlp, sharded_state_dict_keys_map={
         "input_layernorm.": "self_attention.linear_qkv.layer_norm_"})
     return layer
+
+
+def traits_layer_spec(traits: Any, config: Any) -> ModuleSpec:
+    """The layer spec a family's :class:`~.registry.Traits` describe: dense or MoE, its norm, q/k norm."""
+    build = moe_layer_spec if traits.moe else family_layer_spec
+    return build(config, traits.normalization, bool(traits.qk_norm))

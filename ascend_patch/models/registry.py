@@ -1,17 +1,4 @@
-"""Model families as plugins: one :class:`ModelSpec` per family, each declared in its own folder.
-
-A family says everything about itself once: its names and the spellings users type
-(``--spec``, ``--model-type-hf``: ``qwen2.5`` is ``qwen2``), the Hugging Face model types
-and architectures it serves, the checkpoint-format names that imply it (``qwen3_hf``),
-how to recognise its Megatron checkpoints from their saved ``args``, its config map
-(both ways), the megatron-core layer spec and the weight map. Built-in families live
-in ``ascend_patch/models/<family>/``; third-party ones come from the
-``ascend_patch_model_specs`` hook; nothing elsewhere knows a family by name.
-
-``--spec qwen3`` resolves by name or alias; Megatron's two-word form
-``--spec some.module layer_spec`` resolves to that module attribute. Unknown names list
-the known ones; a name claimed twice names both plugins.
-"""
+"""Model families as plugins: one :class:`ModelSpec` per family, each declared in its own folder."""
 
 from __future__ import annotations
 
@@ -29,6 +16,7 @@ __all__ = [
     "MEGATRON_ARG_DEFAULTS",
     "ModelSpec",
     "SpecRegistry",
+    "Traits",
     "UnknownSpec",
     "get_spec_registry",
     "lazy",
@@ -36,6 +24,17 @@ __all__ = [
     "spec_for_hf_config",
 ]
 
+# A family says everything about itself once: its names and the spellings users type
+# (``--spec``, ``--model-type-hf``: ``qwen2.5`` is ``qwen2``), the Hugging Face model types
+# and architectures it serves, the checkpoint-format names that imply it (``qwen3_hf``),
+# how to recognise its Megatron checkpoints from their saved ``args``, its config map
+# (both ways), the megatron-core layer spec and the weight map. Built-in families live
+# in ``ascend_patch/models/<family>/``; third-party ones come from the
+# ``ascend_patch_model_specs`` hook; nothing elsewhere knows a family by name.
+#
+# ``--spec qwen3`` resolves by name or alias; Megatron's two-word form
+# ``--spec some.module layer_spec`` resolves to that module attribute. Unknown names list
+# the known ones; a name claimed twice names both plugins.
 _HINT = ("A plugin adds one by implementing ascend_patch_model_specs (entry-point group 'ascend_patch'); "
          "see docs/plugins.md")
 # what Megatron-LM's argument parser gives an argument a checkpoint's args do not hold
@@ -82,6 +81,46 @@ class ArgsMatcher:
         return (*self.values, *self.patterns)
 
 
+@dataclass(frozen=True)
+class Traits:
+    """What every model of a family is, stated once in its folder (``config.py``'s ``TRAITS``).
+
+    Read by the config map (:func:`.hf_config.load_hf_config`), the weight map, the layer
+    spec and :attr:`ModelSpec.megatron_args` (each stated trait is a fact of the family's
+    :class:`ArgsMatcher`). ``qk_norm`` / ``qkv_bias``: True, every model has it; False, none
+    has (a config asking for it is refused); None, as each model's config says (no fact).
+    ``tied`` is ``tie_word_embeddings`` when config.json does not say; ``moe``: every MLP a
+    router over experts (then a Megatron checkpoint must name its experts).
+    """
+
+    normalization: str = "RMSNorm"
+    swiglu: bool = True
+    qk_norm: bool | None = False
+    qkv_bias: bool | None = False
+    tied: bool = False
+    moe: bool = False
+
+    def args_matcher(self) -> ArgsMatcher:
+        """The facts a Megatron-LM checkpoint of this family has in its ``args``."""
+        values: dict[str, Any] = {"normalization": self.normalization, "swiglu": self.swiglu}
+        if self.qk_norm is not None:
+            values["qk_layernorm"] = self.qk_norm
+        if self.qkv_bias is not None:
+            values["add_qkv_bias"] = self.qkv_bias
+        return ArgsMatcher(values, patterns={"num_experts": r"^[1-9]"} if self.moe else {})
+
+    def resolve(self, family: str, qk_layernorm: bool, add_qkv_bias: bool) -> tuple[bool, bool]:
+        """(q/k norm, q/k/v bias) of one model whose config says ``qk_layernorm`` / ``add_qkv_bias``;
+        a config asking for what the family never has is refused, rather than dropped."""
+        for trait, said, what in ((self.qk_norm, qk_layernorm, "q/k layernorm (qk_layernorm)"),
+                                  (self.qkv_bias, add_qkv_bias, "a q/k/v bias (attention_bias / add_qkv_bias)")):
+            if trait is False and said:
+                raise ConfigMismatch(f"{family} models have no {what}, but this config asks for one; pass the "
+                                     "family that has it (--model-type-hf)")
+        return (qk_layernorm if self.qk_norm is None else self.qk_norm,
+                add_qkv_bias if self.qkv_bias is None else self.qkv_bias)
+
+
 def lazy(module: str, attr: str) -> Callable[..., Any]:
     """A callable importing ``module.attr`` on first use (a family's megatron-core layer spec, say)."""
     def call(*args: Any, **kwargs: Any) -> Any:
@@ -105,7 +144,8 @@ class ModelSpec:
     (``--loader qwen3_hf``); ``hf_format`` names the loader/saver that reads them when
     they are not the weight map's own tensors (Phi-3's fused ones), None when any HF
     format does. ``megatron_args`` scores a Megatron checkpoint's ``args`` (see
-    :class:`ArgsMatcher`) to tell the family of a checkpoint Megatron-LM wrote.
+    :class:`ArgsMatcher`) to tell the family of a checkpoint Megatron-LM wrote; by default
+    it is the one ``traits`` (:class:`Traits`) state.
     """
 
     name: str
@@ -120,8 +160,13 @@ class ModelSpec:
     loader_aliases: tuple[str, ...] = ()
     hf_format: str | None = None
     megatron_args: Callable[[Any], int] | None = None
+    traits: Traits | None = None
     extras: Mapping[str, Any] = field(default_factory=dict)
     owner: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        if self.megatron_args is None and self.traits is not None:  # the family's facts, from its traits
+            object.__setattr__(self, "megatron_args", self.traits.args_matcher())
 
     @property
     def names(self) -> tuple[str, ...]:

@@ -1,20 +1,11 @@
-"""``ModelConfig`` (from an HF ``config.json``) -> megatron-core ``TransformerConfig`` and ``GPTModel`` arguments.
-
-The same facts :meth:`ModelConfig.megatron_args` prints as Megatron-LM flags, in the
-form megatron-core's Python API takes, so a program can build the model directly::
-
-    config = transformer_config(model_config, tensor_model_parallel_size=2, sequence_parallel=True)
-    model = GPTModel(config, spec.layer_spec(model_config), **gpt_model_kwargs(model_config, 2))
-
-megatron-core is imported only when :func:`transformer_config` is called.
-"""
+"""``ModelConfig`` (from an HF ``config.json``) -> megatron-core ``TransformerConfig`` and ``GPTModel`` arguments."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from ..dtypes import SHORT_NAMES
-from .hf_config import ModelConfig, rope_scaling_kwargs
+from .hf_config import ConfigMismatch, ModelConfig, rope_scaling_kwargs
 from .vocab import padded_vocab_size
 
 __all__ = ["transformer_config_kwargs", "transformer_config", "gpt_model_kwargs", "rope_scaling_kwargs"]
@@ -37,7 +28,7 @@ def transformer_config_kwargs(mc: ModelConfig, dtype: str | None = None, **overr
 
     dtype = dtype or mc.params_dtype
     if dtype not in SHORT_NAMES:
-        raise ValueError(f"dtype {dtype!r}: use one of {', '.join(SHORT_NAMES)}")
+        raise ConfigMismatch(f"dtype {dtype!r} is not a training dtype", "dtype", f"use one of {', '.join(SHORT_NAMES)}")
     params_dtype = getattr(torch, SHORT_NAMES[dtype])
     kwargs: dict[str, Any] = dict(
         num_layers=mc.num_layers,
@@ -73,6 +64,13 @@ def transformer_config_kwargs(mc: ModelConfig, dtype: str | None = None, **overr
     return kwargs
 
 
+# The same facts :meth:`ModelConfig.megatron_args` prints as Megatron-LM flags, in the
+# form megatron-core's Python API takes, so a program can build the model directly::
+#
+#     config = transformer_config(model_config, tensor_model_parallel_size=2, sequence_parallel=True)
+#     model = GPTModel(config, spec.layer_spec(model_config), **gpt_model_kwargs(model_config, 2))
+#
+# megatron-core is imported only when :func:`transformer_config` is called.
 def transformer_config(mc: ModelConfig, dtype: str | None = None, **overrides: Any) -> Any:
     """A megatron-core ``TransformerConfig`` for ``mc`` (see :func:`transformer_config_kwargs`)."""
     from megatron.core.transformer.transformer_config import TransformerConfig

@@ -1,28 +1,11 @@
-"""Declarative HF <-> Megatron weight maps: rules and parallel layouts (the piece algebra is :mod:`.pieces`).
-
-A family's ``weights.py`` lists *rules* (``Replicated``, ``ColumnParallel``,
-``RowParallel``, ``QKV``, ``GatedMLP``, ``VocabParallel``), each naming the Hugging
-Face tensor(s), their shape, and the megatron-core key. Given a
-:class:`~ascend_patch.parallel.Layout` (TP, PP, virtual pipeline chunks, layers per chunk) the map
-answers, for every Megatron rank, which tensors that rank holds and how each is
-assembled from rectangular *pieces* of the HF tensors. Inverting and composing
-pieces gives mg -> hf and mg -> mg without a second description, and lets the
-converter stream: every output block is filled from exactly the source bytes it needs.
-
-Megatron's vocabulary padding rows are pieces of a canonical tensor of their own,
-:func:`padding_key` of the HF key, which no HF checkpoint holds: an mg -> mg conversion
-carries the rows a Megatron source holds (Megatron-LM trains them, and its cross
-entropy includes their logits), and :func:`compose` fills the rows a source lacks
-(an HF source, or a larger padded vocabulary) with zeros.
-
-Nothing here imports torch: a map is plain data.
-"""
+"""Declarative HF <-> Megatron weight maps: rules and parallel layouts (the piece algebra is :mod:`.pieces`)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ..errors import FindingError
 from ..parallel import Layout, LayoutError
 from .hf_config import ModelConfig
 from .pieces import Piece, Shape, TensorPlan, compose, coverage_gaps, invert, is_padding, padding_key
@@ -41,6 +24,8 @@ __all__ = [
     "Experts",
     "WeightMap",
     "NAMINGS",
+    "RuleIncomplete",
+    "WeightMapError",
     "invert",
     "compose",
     "padding_key",
@@ -48,7 +33,31 @@ __all__ = [
     "coverage_gaps",
 ]
 
-NAMINGS = ("local", "te", "te_grouped")  # te_grouped: the TE spec with grouped-GEMM experts (TEGroupedMLP)
+# A family's ``weights.py`` lists *rules* (``Replicated``, ``ColumnParallel``,
+# ``RowParallel``, ``QKV``, ``GatedMLP``, ``VocabParallel``), each naming the Hugging
+# Face tensor(s), their shape, and the megatron-core key. Given a
+# :class:`~ascend_patch.parallel.Layout` (TP, PP, virtual pipeline chunks, layers per chunk) the map
+# answers, for every Megatron rank, which tensors that rank holds and how each is
+# assembled from rectangular *pieces* of the HF tensors. Inverting and composing
+# pieces gives mg -> hf and mg -> mg without a second description, and lets the
+# converter stream: every output block is filled from exactly the source bytes it needs.
+#
+# Megatron's vocabulary padding rows are pieces of a canonical tensor of their own,
+# :func:`padding_key` of the HF key, which no HF checkpoint holds: an mg -> mg conversion
+# carries the rows a Megatron source holds (Megatron-LM trains them, and its cross
+# entropy includes their logits), and :func:`compose` fills the rows a source lacks
+# (an HF source, or a larger padded vocabulary) with zeros.
+#
+# Nothing here imports torch: a map is plain data.
+NAMINGS = ("local", "te", "te_grouped")
+
+
+class WeightMapError(FindingError):
+    """A weight map that does not describe its tensors consistently (a family's or a plugin's ``weights.py``)."""
+
+
+class RuleIncomplete(WeightMapError, NotImplementedError):
+    """A rule class that lacks part of the rule contract (also a NotImplementedError, as it was)."""  # te_grouped: the TE spec with grouped-GEMM experts (TEGroupedMLP)
 
 
 @dataclass(frozen=True)
@@ -96,15 +105,17 @@ class Rule:
     def kind(self) -> str:
         return type(self).__name__
 
-    def hf_shapes(self) -> dict[str, Shape]:  # pragma: no cover - abstract
-        raise NotImplementedError
+    def hf_shapes(self) -> dict[str, Shape]:
+        raise RuleIncomplete(f"weight-map rule {self.kind} ({self.mg}) does not say which HF tensors it reads",
+                             "rule", "implement hf_shapes() in the rule class (see ascend_patch.models.weightmap)")
 
     def mg_key(self, naming: str) -> str:
         return self.te if (naming in ("te", "te_grouped") and self.te) else self.mg
 
     def shard(self, names: Mapping[str, str], tp: int, rank: int, padded_vocab: int) -> tuple[Shape, tuple[Piece, ...]]:
         """(shape, pieces) of TP rank ``rank``; ``names`` maps template -> concrete HF key."""
-        raise NotImplementedError  # pragma: no cover
+        raise RuleIncomplete(f"weight-map rule {self.kind} ({self.mg}) does not say how a TP rank's tensor is cut",
+                             "rule", "implement shard() in the rule class (see ascend_patch.models.weightmap)")
 
 
 @dataclass(frozen=True)

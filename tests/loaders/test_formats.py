@@ -123,3 +123,24 @@ def test_third_party_loader_from_an_entry_point(tmp_path, hf_checkpoint):
     assert got["plugin"] == "npz_ckpt" and "npz (aliases: numpy_hf)" in got["listing"]
     back = hf_state(str(tmp_path / "hf"))
     assert set(back) == set(state) and all(torch.equal(back[k], state[k]) for k in state)
+
+
+def test_the_deprecated_extra_bag_still_works_with_a_warning():
+    """Savers written against ConvertOptions.extra keep working: its keys are typed fields now."""
+    import dataclasses
+
+    from ascend_patch.loaders import ConvertOptions
+
+    with pytest.warns(DeprecationWarning, match="typed fields"):
+        options = ConvertOptions(target_tp=2, extra={"moe_grouped_gemm": True, "family_hint": "qwen3",
+                                                     "zip_crc": False, "my_plugin_key": 7})
+    assert (options.target_tp, options.moe_grouped_gemm, options.family_hint, options.zip_crc) == (2, True, "qwen3",
+                                                                                                   False)
+    with pytest.warns(DeprecationWarning, match="typed fields"):
+        assert dict(options.extra) == {"moe_grouped_gemm": True, "family_hint": "qwen3", "zip_crc": False,
+                                       "my_plugin_key": 7}
+    replaced = dataclasses.replace(options, target_tp=4)  # the plugin's own key survives a replace
+    with pytest.warns(DeprecationWarning):
+        assert (replaced.target_tp, replaced.extra["my_plugin_key"]) == (4, 7)
+    with pytest.warns(DeprecationWarning):
+        assert dict(ConvertOptions().extra) == {}

@@ -289,3 +289,36 @@ def test_a_crc_cache_reads_a_replicated_range_once_and_never_confuses_ranges(tmp
             data = {i.filename.rsplit("/", 1)[-1]: i for i in zf.infolist() if "/data/" in i.filename}
             assert data["0"].CRC == zlib.crc32(one.read_bytes()[:512])
             assert data["1"].CRC == zlib.crc32((one, two)[r % 2].read_bytes()[512 * (r // 2):512 * (r // 2) + 512])
+
+
+def test_a_source_block_several_files_read_is_read_once_and_kept_no_longer():
+    """Row-parallel TP ranks read the same source rows in turn: one read serves both, and nothing is kept after
+    the last of them (the read cache held up to 4 blocks, of any tensor, per writer thread)."""
+    import numpy as np
+
+    from ascend_patch.loaders.formats import TensorInfo
+    from ascend_patch.models.weightmap import Piece, TensorPlan
+
+    source = torch.arange(8 * 6, dtype=torch.float32).reshape(8, 6)
+    reads = []
+
+    def reader(start, stop):  # a loader's reader: the filler asks it for rows
+        reads.append((start, stop))
+        return source[start:stop]
+
+    filler = BlockFiller({"w": TensorInfo(path="mem", shape=(8, 6), dtype="float32", reader=reader)})
+    # two TP ranks of a row-parallel weight: the same rows, columns 0..2 and 3..5
+    ranks = [TensorPlan(f"rank{r}", (8, 3), (Piece("w", (0, 3 * r), (0, 0), (8, 3)),)) for r in range(2)]
+    for start, stop in ((0, 4), (4, 8)):
+        filler.expect(ranks, start, stop)
+        for r, plan in enumerate(ranks):
+            out = np.empty((stop - start, 3), dtype=np.uint32)
+            filler.fill(plan, start, stop, out, "float32")
+            assert torch.equal(raw_to_torch(out, "float32"), source[start:stop, 3 * r:3 * r + 3])
+        assert filler._kept == {}  # the last reader took it
+    assert reads == [(0, 4), (4, 8)]  # once per block, not once per rank
+    # column-parallel ranks read different rows: nothing is kept for them at all
+    split = [TensorPlan(f"rank{r}", (4, 6), (Piece("w", (4 * r, 0), (0, 0), (4, 6)),)) for r in range(2)]
+    filler.expect(split, 0, 4)
+    filler.fill(split[0], 0, 4, np.empty((4, 6), dtype=np.uint32), "float32")
+    assert filler._kept == {} and reads[-1] == (0, 4)

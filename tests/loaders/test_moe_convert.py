@@ -106,7 +106,7 @@ def test_te_spec_expert_keys(tmp_path, hf_checkpoint, grouped):
     mg, back = str(tmp_path / "mg"), str(tmp_path / "hf")
     naming = "te_grouped" if grouped else "te"
     convert(hf, mg, "hf", "mg", ConvertOptions(target_ep=2, naming=naming,
-                                               extra={"moe_grouped_gemm": True} if grouped else {}))
+                                               moe_grouped_gemm=grouped))
     model = _rank_files(mg)["mp_rank_00_001"]["model"]
     assert "decoder.layers.0.self_attention.linear_qkv.layer_norm_weight" in model
     assert "decoder.layers.0.pre_mlp_layernorm.weight" in model
@@ -126,7 +126,7 @@ def test_preflight_refuses_expert_layouts_with_numbers_and_remedies(tmp_path, hf
     hf, _ = hf_checkpoint("qwen3_moe")
     with pytest.raises(PreflightError) as info:
         convert(hf, str(tmp_path / "a"), "hf", "mg", ConvertOptions(target_ep=3, target_etp=1, target_tp=2,
-                                                                   extra={"moe_grouped_gemm": True}))
+                                                                   moe_grouped_gemm=True))
     text = str(info.value)
     assert set(info.value.codes()) == {"experts-vs-ep", "etp-vs-tp", "grouped-mlp"}
     assert "8 experts cannot be split over 3 expert-parallel ranks; use --target-expert-parallel-size 1, 2, 4 or 8" in text
@@ -178,7 +178,7 @@ def test_verify_checks_experts_and_catches_swapped_ep_ranks(tmp_path, hf_checkpo
     mg = tmp_path / "mg"
     result = convert(hf, str(mg), "hf", "mg", ConvertOptions(target_tp=2, target_pp=2, target_ep=2,
                                                              naming="te_grouped", verify=True,
-                                                             extra={"moe_grouped_gemm": True}))
+                                                             moe_grouped_gemm=True))
     assert result.verify.ok, result.verify.summary()
     assert result.verify.key_sets_checked == 8 and result.verify.tensors_checked > 8 * 2 * 4
     back = convert(str(mg), str(tmp_path / "hf"), "mg", "hf", ConvertOptions(verify=True))

@@ -25,7 +25,7 @@ def test_force_into_an_hf_dir_leaves_exactly_the_new_checkpoint(tmp_path, capsys
                                                                  exchange):
     # issue 13 item 8: the other weight layout stayed behind and from_pretrained loaded the stale one
     if not exchange:  # a kernel or file system without renameat2(RENAME_EXCHANGE): two renames
-        monkeypatch.setattr("ascend_patch.loaders.engine._exchange", lambda a, b: False)
+        monkeypatch.setattr("ascend_patch.loaders.publish._exchange", lambda a, b: False)
     old = save_model(make_model("llama", seed=1), str(tmp_path / "old"))
     new = save_model(make_model("llama", seed=2), str(tmp_path / "new"))
     out = tmp_path / "out"
@@ -220,3 +220,56 @@ def test_other_weight_names_beside_transformers_own_are_not_stale(tmp_path, caps
     assert main(["convert", "--loader", "hf", "--saver", "hf", "--load-dir", src, "--save-dir",
                  str(tmp_path / "out"), "--no-progress", "--verify"]) == 0
     assert "verify OK" in capsys.readouterr().out
+
+
+def test_a_conversion_never_replaces_a_save_dir_another_one_published_meanwhile(tmp_path, hf_checkpoint):
+    """Two runs into one new --save-dir, the second finishing first (deterministic: it runs inside the first's
+    progress callback): the first must not silently replace the second's checkpoint without --force."""
+    from ascend_patch.loaders import ConvertOptions, convert
+    from ascend_patch.loaders.publish import OutputAppeared
+
+    hf, _ = hf_checkpoint("qwen3")
+    out = tmp_path / "out"
+
+    def the_tp2_run_finishes_first(event, info):
+        if event == "start":
+            convert(hf, str(out), "hf", "mg", ConvertOptions(target_tp=2))
+
+    with pytest.raises(OutputAppeared) as info:
+        convert(hf, str(out), "hf", "mg", ConvertOptions(target_tp=1), on_progress=the_tp2_run_finishes_first)
+    assert str(info.value) == (
+        f"--save-dir {out} was created by another process while this conversion ran and now holds 2 entries: "
+        "iter_0000001, latest_checkpointed_iteration.txt (a second conversion into the same directory?); it was not "
+        "replaced, and this conversion's output was removed; check which run's checkpoint it holds; pass --force to "
+        "replace it, or convert into another --save-dir")
+    assert sorted(os.listdir(out / "iter_0000001")) == ["mp_rank_00", "mp_rank_01"]  # the TP2 checkpoint, whole
+    assert os.listdir(tmp_path) == ["out"]  # the TP1 run's staging directory is gone
+    # with --force the same interleaving replaces it, as asked
+    convert(hf, str(out), "hf", "mg", ConvertOptions(target_tp=1, force=True),
+            on_progress=lambda event, info: None)
+    assert sorted(os.listdir(out / "iter_0000001")) == ["mp_rank_00"]
+
+
+def test_two_concurrent_conversions_into_one_new_dir_one_wins(tmp_path, hf_checkpoint):
+    """Two real `ascend-patch convert` processes (TP1 and TP2) into the same new --save-dir: one exits 0, the
+    other 2 (refused at preflight or at publishing, whichever the timing gives), and the directory holds the
+    winner's checkpoint, whole."""
+    import subprocess
+    import sys
+
+    from helpers import child_env
+
+    hf, _ = hf_checkpoint("qwen3")
+    out = tmp_path / "out"
+    procs = {tp: subprocess.Popen([sys.executable, "-m", "ascend_patch.cli", "convert", "--load-dir", hf,
+                                   "--save-dir", str(out), "--target-tensor-parallel-size", str(tp), "--no-progress"],
+                                  env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for tp in (1, 2)}
+    results = {tp: (p.wait(timeout=300), p.stderr.read()) for tp, p in procs.items()}
+    codes = sorted(code for code, _ in results.values())
+    assert codes == [0, 2], results
+    winner = next(tp for tp, (code, _) in results.items() if code == 0)
+    loser_err = next(err for code, err in results.values() if code == 2)
+    assert "--save-dir" in loser_err and ("was created by another process" in loser_err or "is not empty" in loser_err)
+    assert sorted(os.listdir(out / "iter_0000001")) == [f"mp_rank_{t:02d}" for t in range(winner)]
+    assert os.listdir(tmp_path) == ["out"]  # no staging directory left behind by the refused run

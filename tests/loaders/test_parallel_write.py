@@ -115,3 +115,33 @@ def test_workers_leave_signals_to_the_calling_thread(tmp_path, hf_checkpoint, mo
     convert(hf, str(tmp_path / "mg"), "hf", "mg", ConvertOptions(target_tp=2, target_pp=2, workers=2))
     assert masks and all({signal.SIGINT, signal.SIGTERM, signal.SIGHUP} <= mask for mask in masks)
     assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == before  # the caller's own mask is untouched
+
+
+def test_the_summary_counts_data_files_and_times_the_whole_conversion_and_every_output_is_synced(
+        tmp_path, hf_checkpoint, monkeypatch):
+    """The closing line counted the tracker as a data file and timed only the writing; and the output must reach
+    the disk (fsync of every file and folder) before it is published, or a power loss can publish empty files."""
+    import re
+
+    hf, _ = hf_checkpoint("qwen3")
+    out = tmp_path / "mg"
+    synced, real_fsync = [], os.fsync
+
+    def recording_fsync(fd):  # the real fsync, and which file or folder it was for, and whether it was published yet
+        synced.append((os.readlink(f"/proc/self/fd/{fd}"), out.exists()))
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    result = convert(hf, str(out), "hf", "mg", ConvertOptions(target_tp=2, target_pp=2))
+    line = result.summary().splitlines()[2]
+    assert re.fullmatch(rf"wrote 4 data files \({result.bytes_written / 1e6:.1f} MB\) and 1 small file to {out} in "
+                        r"([\d.]+) s \(prepare ([\d.]+) s, streaming ([\d.]+) s, fsync ([\d.]+) s, publish ([\d.]+) s; "
+                        r"streaming \d+ MB/s\)", line), line
+    # the whole conversion, not the writing alone (fsync is summed over the writer threads, so it is apart)
+    assert result.seconds >= result.phases["prepare"] + result.phases["streaming"] + result.phases["publish"]
+    assert not [p for p, published in synced[:-1] if published]  # all but the parent folder: before publishing
+    files = {os.path.basename(os.path.dirname(p)) + "/" + os.path.basename(p) for p, _ in synced if p.endswith(".pt")}
+    assert files == {f"mp_rank_{t:02d}_{p:03d}/model_optim_rng.pt" for t in range(2) for p in range(2)}
+    assert any(p.endswith("latest_checkpointed_iteration.txt") for p, _ in synced)
+    assert sum(p.endswith("iter_0000001") for p, _ in synced) == 1  # the folders too, each once
+    assert synced[-1] == (str(tmp_path), True)  # the rename itself, in the parent folder

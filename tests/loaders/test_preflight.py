@@ -8,7 +8,8 @@ import shutil
 
 import pytest
 
-from ascend_patch.loaders.engine import convert
+from ascend_patch.loaders.engine import convert, prepare
+from ascend_patch.loaders.formats import ConvertOptions
 from ascend_patch.loaders.preflight import (PreflightError, check_dtype, check_pipeline_split, check_tensor_split,
                                             check_vocab)
 
@@ -105,7 +106,7 @@ def test_output_inside_source_and_bad_divisor(tmp_path, hf_checkpoint):
 
 def test_flags_contradicting_the_config(tmp_path, hf_checkpoint):
     hf, _ = hf_checkpoint("llama")
-    err = _refused(tmp_path, hf, extra={"claimed": {"qk_layernorm": True}})
+    err = _refused(tmp_path, hf, claimed={"qk_layernorm": True})
     assert "flag-vs-config" in err.codes()
 
 
@@ -174,7 +175,20 @@ def test_output_path_that_is_a_file_and_too_little_disk(tmp_path, hf_checkpoint,
     monkeypatch.setattr(preflight.shutil, "disk_usage", lambda path: usage(10**9, 10**9 - 1000, 1000))
     err = _refused(tmp_path, hf)
     problem = next(p for p in err.problems if p.code == "disk-space")
-    assert "0.00 GB free" in str(problem) and "free space or choose another --save-dir" in str(problem)
+    _, plan = prepare(hf, None, "hf", "mg", ConvertOptions())
+    needed = plan.nbytes + sum(map(len, plan.side_files.values()))
+    assert 100_000 < needed < 10**6  # a tiny model: its size reads in KB, not as 0.00 GB
+    assert str(problem) == (f"the output needs {needed / 1e3:.1f} KB but {os.path.realpath(tmp_path)} has 1.0 KB "
+                            "free; free space or choose another --save-dir")
+
+
+@pytest.mark.parametrize("n,text", [(0, "0 bytes"), (1, "1 byte"), (999, "999 bytes"), (1000, "1.0 KB"),
+                                    (153_600, "153.6 KB"), (999_949, "999.9 KB"), (2_500_000, "2.5 MB"),
+                                    (14_200_000_000, "14.20 GB"), (3 * 10**12, "3.00 TB")])
+def test_sizes_read_in_the_unit_that_fits(n, text):
+    from ascend_patch.loaders.preflight import human_bytes
+
+    assert human_bytes(n) == text
 
 
 def _rewrite_rank_files(root, edit):

@@ -12,6 +12,7 @@ import torch
 
 from ascend_patch.loaders.engine import convert
 from ascend_patch.loaders.formats import ConvertOptions
+from ascend_patch.loaders.preflight import PreflightError
 from loaders_tiny import hf_state, reference_logits
 
 
@@ -159,10 +160,12 @@ def test_megatron_lm_written_checkpoint_to_hf(tmp_path, hf_checkpoint, naming):
     mg = str(tmp_path / "mg")
     convert(hf, mg, "hf", "mg", ConvertOptions(target_tp=2, target_pp=2, naming=naming))
     _strip_to_megatron_lm(mg, te_extra=naming == "te")
-    # Without the true vocabulary the padded rows are kept (and said so).
-    padded = convert(mg, str(tmp_path / "padded"), "mg", "hf", ConvertOptions())
-    assert any("vocabulary size is unknown" in n for n in padded.source.notes)
-    assert hf_state(str(tmp_path / "padded"))["model.embed_tokens.weight"].shape[0] == 512
+    # Without the true vocabulary (no tokenizer, no vocab_size in the args) the export is refused: which of
+    # the 512 rows are tokens is what is unknown (it used to keep all of them as if they were).
+    with pytest.raises(PreflightError, match=r"the true vocabulary of .* is unknown \(the checkpoint's args record "
+                       r"neither a tokenizer nor a vocabulary size\): its 512 embedding rows"):
+        convert(mg, str(tmp_path / "padded"), "mg", "hf", ConvertOptions())
+    assert not os.path.exists(tmp_path / "padded")
     out = str(tmp_path / "hf")
     result = convert(mg, out, "mg", "hf", ConvertOptions(true_vocab_size=300))
     assert result.source.config.family == "qwen3"  # inferred from qk_layernorm in args

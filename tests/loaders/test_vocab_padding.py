@@ -4,7 +4,8 @@ Megatron-LM trains the padding rows of the word embeddings and the output layer 
 entropy runs over the padded vocabulary), so a re-write at another layout must keep them: the
 source checkpoints here get random, non-zero padding rows (written with torch itself), and
 the outputs are read back with ``torch.load`` / torch's own distributed-checkpoint loader.
-Rows a larger target padding adds are zeros; an HF export still keeps the true vocabulary only.
+Rows a larger target padding adds are zeros; an HF export still keeps the true vocabulary only,
+which for a checkpoint Megatron-LM wrote follows its tokenizer's rules (NullTokenizer adds an id).
 """
 
 from __future__ import annotations
@@ -103,7 +104,10 @@ def test_legacy_to_legacy_and_torch_dist_keep_trained_padding_rows(hf_checkpoint
 
     # HF has the true vocabulary only: the export drops the padding
     exported = convert(str(src), str(tmp_path / "hf"), "mg", "hf", ConvertOptions(verify=True))
-    assert exported.verify.ok and not any("padding rows" in n for n in exported.plan.notes)
+    assert exported.verify.ok  # and the summary says which rows went, and why (they were dropped silently)
+    assert ("note: wrote the 300 rows of the true vocabulary (as ascend-patch convert recorded it in the "
+            "checkpoint) and dropped the source's 212 vocabulary padding rows after them (padded vocabulary 512), "
+            "which belong to no token") in exported.summary()
     want, got = hf_state(hf), hf_state(str(tmp_path / "hf"))
     assert set(want) == set(got) and all(torch.equal(want[k], got[k]) for k in want)
 
@@ -139,3 +143,56 @@ def test_torch_dist_to_legacy_keeps_trained_padding_rows(hf_checkpoint, tmp_path
     tp1 = convert(str(tmp_path / "src"), str(tmp_path / "tp1"), "torch_dist", "mg", ConvertOptions(verify=True))
     assert tp1.verify.ok, tp1.verify.summary()
     assert torch.equal(_stage_tensor(tmp_path / "tp1", "embedding.word_embeddings.weight", 1, 0, 1), emb[:384])
+
+
+def _as_megatron_lm_wrote_it(root, **args):
+    """Our legacy output as Megatron-LM writes it: no ascend_patch entry, these tokenizer arguments."""
+    for path in _rank_files(root).values():
+        state = _load(path)
+        state.pop("ascend_patch", None)
+        for name, value in args.items():
+            setattr(state["args"], name, value)
+        torch.save(state, path)
+
+
+def test_a_null_tokenizer_checkpoint_keeps_its_end_of_document_row(hf_checkpoint, tmp_path):
+    """Trained with --tokenizer-type NullTokenizer --vocab-size 299, Megatron's tokenizer has 300 ids (it adds
+    the end-of-document id 299), so the HF export has 300 rows, the trained EOD row included, and says which
+    rows it dropped and why; --vocab-size alone, for a tokenizer that reads its files, is refused."""
+    import pytest
+
+    from ascend_patch.loaders.preflight import PreflightError
+
+    hf, _ = hf_checkpoint("qwen3")  # 300 tokens: row 299 plays the end-of-document row
+    mg = tmp_path / "mg"
+    convert(hf, str(mg), "hf", "mg", ConvertOptions(target_tp=2))  # padded to 512
+    _as_megatron_lm_wrote_it(mg, tokenizer_type="NullTokenizer", vocab_size=299)
+    out = tmp_path / "hf"
+    result = convert(str(mg), str(out), "mg", "hf", ConvertOptions(verify=True))
+    assert result.verify.ok and result.source.config.vocab_size == 300
+    want, got = hf_state(hf), hf_state(str(out))
+    assert got["model.embed_tokens.weight"].shape == (300, H)
+    assert set(want) == set(got) and all(torch.equal(want[k], got[k]) for k in want)
+    assert ("note: wrote the 300 rows of the true vocabulary (--tokenizer-type NullTokenizer --vocab-size 299, "
+            "plus the end-of-document id 299 Megatron's tokenizer adds) and dropped the source's 212 vocabulary "
+            "padding rows after them (padded vocabulary 512), which belong to no token") in result.summary()
+
+    # Megatron-LM main's NullTokenizer (its args carry null_tokenizer_eod_id) counts the EOD id in --vocab-size
+    _as_megatron_lm_wrote_it(mg, null_tokenizer_eod_id=None, vocab_size=300)
+    newer = convert(str(mg), str(tmp_path / "hf-newer"), "mg", "hf", ConvertOptions())
+    assert newer.source.config.vocab_size == 300
+    assert hf_state(str(tmp_path / "hf-newer"))["model.embed_tokens.weight"].shape == (300, H)
+
+    # a tokenizer read from files: --vocab-size in the args is not its size, and nothing else says it
+    _as_megatron_lm_wrote_it(mg, tokenizer_type="HuggingFaceTokenizer")
+    with pytest.raises(PreflightError) as info:
+        convert(str(mg), str(tmp_path / "refused"), "mg", "hf", ConvertOptions())
+    assert info.value.codes() == ["vocab-unknown"]
+    assert str(info.value.problems[0]) == (
+        f"the true vocabulary of {mg} is unknown (--tokenizer-type HuggingFaceTokenizer reads its vocabulary from "
+        "files, which the checkpoint does not hold): its 512 embedding rows include Megatron's padding, which a "
+        "checkpoint without padding must not hold; pass --true-vocab-size N, the tokenizer's vocabulary "
+        "(len(tokenizer); config.json's vocab_size of the model it was trained from)")
+    assert not (tmp_path / "refused").exists()
+    given = convert(str(mg), str(tmp_path / "given"), "mg", "hf", ConvertOptions(true_vocab_size=300))
+    assert "(--true-vocab-size 300) and dropped the source's 212 vocabulary padding rows" in given.summary()

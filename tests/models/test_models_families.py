@@ -50,6 +50,41 @@ def test_format_names_imply_their_family_and_are_aliases_of_its_format():
         assert formats.plugin_of("loader", name) == "loaders"  # the alias belongs to the format's plugin
 
 
+_TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "vocab_size": 300}
+
+
+def test_a_familys_traits_are_stated_once_and_read_by_its_config_weight_map_and_args_facts():
+    from ascend_patch.loaders.megatron_args import config_from_args
+    from ascend_patch.models.registry import Traits
+
+    registry = get_spec_registry()
+    qwen3, qwen2, llama = registry.get("qwen3"), registry.get("qwen2"), registry.get("llama")
+    assert qwen3.traits == Traits(qk_norm=True, qkv_bias=None, tied=True)
+    assert importlib.import_module("ascend_patch.models.qwen3.config").TRAITS is qwen3.traits
+    # the args facts are the traits: a trait stated True/False is a fact, None (as the config says) is not
+    assert qwen3.megatron_args == ArgsMatcher({"normalization": "RMSNorm", "swiglu": True, "qk_layernorm": True})
+    assert registry.get("mixtral").megatron_args == ArgsMatcher(
+        {"normalization": "RMSNorm", "swiglu": True, "qk_layernorm": False, "add_qkv_bias": False},
+        patterns={"num_experts": r"^[1-9]"})
+    # the config map: q/k norm and the tie default from qwen3's traits, the q/k/v bias from qwen2's
+    q3 = qwen3.config_from_hf({**_TINY, "model_type": "qwen3"})
+    assert (q3.qk_layernorm, q3.tie_word_embeddings, q3.add_qkv_bias) == (True, True, False)
+    q2 = qwen2.config_from_hf({**_TINY, "model_type": "qwen2"})
+    assert (q2.qk_layernorm, q2.tie_word_embeddings, q2.add_qkv_bias) == (False, False, True)
+    # the weight map follows: qwen3's q/k norms, qwen2's biases, neither for llama
+    layer0 = "model.layers.0.self_attn."
+    assert {layer0 + "q_norm.weight", layer0 + "k_norm.weight"} <= set(qwen3.weight_map(q3).hf_tensors())
+    assert {layer0 + "q_proj.bias", layer0 + "v_proj.bias"} <= set(qwen2.weight_map(q2).hf_tensors())
+    assert not [k for k in llama.weight_map(llama.config_from_hf({**_TINY, "model_type": "llama"})).hf_tensors()
+                if "norm.weight" in k and "self_attn" in k or k.endswith(".bias")]
+    # a Megatron checkpoint of another family forced to llama: what llama never has is refused, not dropped
+    forced = config_from_args(_args(normalization="RMSNorm", swiglu=True, qk_layernorm=True, ffn_hidden_size=128,
+                                    vocab_size=300), "llama", None)
+    with pytest.raises(ConfigMismatch, match="llama models have no q/k layernorm"):
+        llama.weight_map(forced)
+
+
 def _args(**given):
     base = dict(num_layers=2, hidden_size=64, num_attention_heads=4)
     return argparse.Namespace(**{**base, **given})
@@ -204,3 +239,39 @@ def test_no_code_outside_the_family_folders_names_a_family():
                     and node.value in names and (where, node.value) not in elsewhere):
                 found.append(f"{where}:{node.lineno}: {node.value!r}")
     assert len(files) > 30 and found == []
+
+
+def test_what_users_hit_is_the_packages_error_with_a_remedy(tmp_path, capsys):
+    """A plugin's incomplete rule, a bad vocabulary divisor, an unknown norm: AscendPatchError with a remedy,
+    never a bare NotImplementedError / ValueError / AssertionError (a command prints it; it is no traceback)."""
+    import dataclasses
+    import json
+
+    from ascend_patch.errors import AscendPatchError
+    from ascend_patch.models.args_cli import register
+    from ascend_patch.models.vocab import padded_vocab_size
+    from ascend_patch.models.weightmap import Rule, RuleIncomplete
+
+    @dataclasses.dataclass(frozen=True)
+    class Half(Rule):  # a plugin's rule that forgot shard()
+        def hf_shapes(self):
+            return {"x": (4,)}
+
+    with pytest.raises(RuleIncomplete) as info:
+        Half(mg="decoder.x").shard({"x": "x"}, 2, 0, 0)
+    assert isinstance(info.value, AscendPatchError) and isinstance(info.value, NotImplementedError)
+    assert str(info.value) == ("weight-map rule Half (decoder.x) does not say how a TP rank's tensor is cut; "
+                               "implement shard() in the rule class (see ascend_patch.models.weightmap)")
+    with pytest.raises(AscendPatchError) as info:
+        padded_vocab_size(300, 0, 1)
+    assert info.value.code == "vocab-size" and "must all be positive; fix the size" in str(info.value)
+    with pytest.raises(ConfigMismatch) as info:
+        importlib.import_module("ascend_patch.models.layer_spec").dense_layer_spec("ScaleNorm")
+    assert str(info.value) == "normalization='ScaleNorm' is not supported; use one of LayerNorm, RMSNorm (--normalization)"
+    # the command: exit 2 and the message, for a divisor of 0
+    (tmp_path / "config.json").write_text(json.dumps({**_TINY, "model_type": "qwen3"}))
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    ns = parser.parse_args(["args", "--hf-config", str(tmp_path), "--make-vocab-size-divisible-by", "0"])
+    assert ns.func(ns) == 2
+    assert capsys.readouterr().err.startswith("ascend-patch args: vocab_size 300, divisor 0 and TP 1 must all be positive")

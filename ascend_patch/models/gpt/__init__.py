@@ -6,7 +6,7 @@ weights, which the weight-map rules (row ranges of HF tensors) do not express. I
 therefore has no weight map, and the converter says which families it handles.
 """
 
-from ..registry import ArgsMatcher, ModelSpec, lazy
+from ..registry import ModelSpec, lazy
 from . import config
 
 __all__ = ["SPEC"]
@@ -19,5 +19,5 @@ SPEC = ModelSpec(
     config_from_hf=config.config_from_hf,
     layer_spec=lazy(f"{__name__}.spec", "layer_spec"),
     weight_map=None,
-    megatron_args=ArgsMatcher({"normalization": "LayerNorm", "swiglu": False}),
+    traits=config.TRAITS,
 )

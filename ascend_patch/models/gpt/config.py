@@ -6,9 +6,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..hf_config import ConfigMismatch, ModelConfig, params_dtype
+from ..registry import Traits
 
 HF_MODEL_TYPES = ("gpt2",)
 HF_ARCHITECTURES = ("GPT2LMHeadModel",)
+TRAITS = Traits(normalization="LayerNorm", swiglu=False, qk_norm=None, qkv_bias=None, tied=True)
 
 
 def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
@@ -23,7 +25,7 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
         num_query_groups=heads, kv_channels=hidden // heads, vocab_size=vocab,
         max_position_embeddings=int(cfg.get("n_positions", 1024)),
         norm_epsilon=float(cfg.get("layer_norm_epsilon", 1e-5)), rotary_base=10000.0,
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", True)), add_bias_linear=True,
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", TRAITS.tied)), add_bias_linear=True,
         add_qkv_bias=True, normalization="LayerNorm", activation="gelu",
         position_embedding_type="learned_absolute", params_dtype=params_dtype(cfg),
         hidden_dropout=float(cfg.get("resid_pdrop", 0.1)), attention_dropout=float(cfg.get("attn_pdrop", 0.1)),

@@ -6,11 +6,12 @@ from typing import Any
 
 from megatron.core.transformer.spec_utils import ModuleSpec
 
-from ..layer_spec import family_layer_spec
+from ..layer_spec import traits_layer_spec
+from .config import TRAITS
 
 __all__ = ["layer_spec"]
 
 
 def layer_spec(model_config: Any = None) -> ModuleSpec:
     """The gpt decoder layer (context-parallel attention; see ascend_patch.models.layer_spec)."""
-    return family_layer_spec(model_config, normalization="LayerNorm", qk_layernorm=False)
+    return traits_layer_spec(TRAITS, model_config)

@@ -1,6 +1,6 @@
 """Llama (and Mistral-style llama variants): GQA, RMSNorm, SwiGLU, RoPE, untied embeddings."""
 
-from ..registry import ArgsMatcher, ModelSpec, lazy
+from ..registry import ModelSpec, lazy
 from . import config
 
 __all__ = ["SPEC"]
@@ -13,8 +13,7 @@ SPEC = ModelSpec(
     hf_architectures=config.HF_ARCHITECTURES,
     # MindSpeed-LLM's and Megatron-LM's names for the HF loader when it reads these models
     loader_aliases=("llama_hf", "llama2_hf", "llama3_hf", "mistral_hf", "llama_mistral"),
-    megatron_args=ArgsMatcher({"normalization": "RMSNorm", "swiglu": True, "qk_layernorm": False,
-                               "add_qkv_bias": False}),
+    traits=config.TRAITS,
     config_from_hf=config.config_from_hf,
     config_to_hf=config.config_to_hf,
     layer_spec=lazy(f"{__name__}.spec", "layer_spec"),

@@ -1,13 +1,15 @@
-"""Llama (and Mistral-style variants): the HF <-> megatron-core weight map.
-
-The same layout serves Qwen2 (adds q/k/v bias) and Qwen3 (adds q/k RMSNorm): those
-families call :func:`llama_style_map` with their features switched on.
-"""
+"""Llama (and Mistral-style variants): the HF <-> megatron-core weight map, shared by the llama-like families."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..hf_config import ConfigMismatch, ModelConfig
 from ..weightmap import QKV, GatedMLP, Replicated, RowParallel, Rule, VocabParallel, WeightMap
+from .config import TRAITS
+
+if TYPE_CHECKING:
+    from ..registry import Traits
 
 __all__ = ["weight_map", "llama_style_map"]
 
@@ -15,14 +17,18 @@ _L = "model.layers.{i}."
 _M = "decoder.layers.{j}."
 
 
-def llama_style_map(cfg: ModelConfig, *, qkv_bias: bool = False, qk_norm: bool = False) -> WeightMap:
-    """GQA attention, RMSNorm, SwiGLU MLP; optional qkv bias and per-head q/k norm."""
+def llama_style_map(cfg: ModelConfig, *, qkv_bias: bool = False, qk_norm: bool = False,
+                    traits: Traits | None = None) -> WeightMap:
+    """GQA attention, RMSNorm, SwiGLU MLP; optional qkv bias and per-head q/k norm.
+
+    Qwen2 (q/k/v bias), Qwen3 (q/k RMSNorm) and the MoE families use it too, passing their
+    ``traits``, which decide both options (from the config where the family states neither).
+    """
     if cfg.normalization != "RMSNorm" or cfg.activation != "swiglu":
         raise ConfigMismatch(f"{cfg.family}: the llama-style map needs RMSNorm and SwiGLU, the config has "
                              f"{cfg.normalization} and {cfg.activation}")
-    if cfg.family == "llama" and cfg.add_qkv_bias:
-        raise ConfigMismatch("llama with attention_bias=true also has an o_proj bias, which megatron-core's "
-                             "GPT layer cannot hold without biases on every linear layer; not supported")
+    if traits is not None:
+        qk_norm, qkv_bias = traits.resolve(cfg.family, cfg.qk_layernorm, cfg.add_qkv_bias)
     if cfg.add_bias_linear:
         raise ConfigMismatch(f"{cfg.family}: linear-layer biases (other than q/k/v) are not part of this map")
     if cfg.num_attention_heads % cfg.num_query_groups:
@@ -67,4 +73,7 @@ def llama_style_map(cfg: ModelConfig, *, qkv_bias: bool = False, qk_norm: bool =
 
 def weight_map(cfg: ModelConfig) -> WeightMap:
     """Llama / Mistral: no biases, no q/k norm; untied unless the config ties them."""
-    return llama_style_map(cfg, qkv_bias=cfg.add_qkv_bias, qk_norm=cfg.qk_layernorm)
+    if cfg.add_qkv_bias:  # what the traits refuse, and why
+        raise ConfigMismatch("llama with attention_bias=true also has an o_proj bias, which megatron-core's "
+                             "GPT layer cannot hold without biases on every linear layer; not supported")
+    return llama_style_map(cfg, traits=TRAITS)

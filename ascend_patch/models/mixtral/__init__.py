@@ -1,6 +1,6 @@
 """Mixtral (8x7B, 8x22B): Mistral's attention, every MLP a top-2 router over eight experts."""
 
-from ..registry import ArgsMatcher, ModelSpec, lazy
+from ..registry import ModelSpec, lazy
 from . import config
 
 __all__ = ["SPEC"]
@@ -11,9 +11,7 @@ SPEC = ModelSpec(
     hf_model_types=config.HF_MODEL_TYPES,
     hf_architectures=config.HF_ARCHITECTURES,
     loader_aliases=("mixtral_hf",),
-    # llama's facts plus experts: the family with more matching facts wins over llama
-    megatron_args=ArgsMatcher({"normalization": "RMSNorm", "swiglu": True, "qk_layernorm": False,
-                               "add_qkv_bias": False}, patterns={"num_experts": r"^[1-9]"}),
+    traits=config.TRAITS,
     config_from_hf=config.config_from_hf,
     config_to_hf=config.config_to_hf,
     layer_spec=lazy(f"{__name__}.spec", "layer_spec"),

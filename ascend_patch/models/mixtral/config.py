@@ -7,9 +7,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..hf_config import ConfigMismatch, ModelConfig, hf_config_dict, load_hf_config
+from ..registry import Traits
 
 HF_MODEL_TYPES = ("mixtral",)
 HF_ARCHITECTURES = ("MixtralForCausalLM",)
+TRAITS = Traits(qk_norm=False, qkv_bias=False, moe=True)
 
 
 def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
@@ -18,7 +20,7 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     experts = cfg.get("num_local_experts", cfg.get("num_experts"))
     if not experts:
         raise ConfigMismatch("config.json for a mixtral model gives no num_local_experts")
-    base = load_hf_config(cfg, "mixtral", qk_layernorm=False, default_tied=False)
+    base = load_hf_config(cfg, "mixtral", traits=TRAITS)
     return dataclasses.replace(base, num_experts=int(experts), moe_ffn_hidden_size=base.ffn_hidden_size,
                                moe_router_topk=int(cfg.get("num_experts_per_tok", 2)),
                                moe_aux_loss_coeff=float(cfg.get("router_aux_loss_coef", 0.02)))

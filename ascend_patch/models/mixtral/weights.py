@@ -6,6 +6,7 @@ from ..hf_config import ModelConfig
 from ..llama.weights import llama_style_map
 from ..moe_map import with_experts
 from ..weightmap import WeightMap
+from .config import TRAITS
 
 __all__ = ["weight_map"]
 
@@ -14,5 +15,5 @@ _MOE = "model.layers.{i}.block_sparse_moe."
 
 def weight_map(cfg: ModelConfig) -> WeightMap:
     """Router [experts, hidden] replicated; each expert a SwiGLU MLP split over expert-TP, experts over EP."""
-    return with_experts(llama_style_map(cfg), router=_MOE + "gate.weight", gate=_MOE + "experts.{e}.w1.weight",
+    return with_experts(llama_style_map(cfg, traits=TRAITS), router=_MOE + "gate.weight", gate=_MOE + "experts.{e}.w1.weight",
                         up=_MOE + "experts.{e}.w3.weight", down=_MOE + "experts.{e}.w2.weight")

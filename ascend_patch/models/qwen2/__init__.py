@@ -1,6 +1,6 @@
 """Qwen2 / Qwen2.5: the llama layout plus a bias on the q/k/v projections."""
 
-from ..registry import ArgsMatcher, ModelSpec, lazy
+from ..registry import ModelSpec, lazy
 from . import config
 
 __all__ = ["SPEC"]
@@ -12,8 +12,7 @@ SPEC = ModelSpec(
     hf_model_types=config.HF_MODEL_TYPES,
     hf_architectures=config.HF_ARCHITECTURES,
     loader_aliases=("qwen_hf", "qwen2_hf", "qwen2.5_hf"),
-    megatron_args=ArgsMatcher({"normalization": "RMSNorm", "swiglu": True, "qk_layernorm": False,
-                               "add_qkv_bias": True}),
+    traits=config.TRAITS,
     config_from_hf=config.config_from_hf,
     config_to_hf=config.config_to_hf,
     layer_spec=lazy(f"{__name__}.spec", "layer_spec"),

@@ -1,6 +1,6 @@
 """Qwen3: q/k RMSNorm per head, an explicit head_dim, tied embeddings in the small sizes."""
 
-from ..registry import ArgsMatcher, ModelSpec, lazy
+from ..registry import ModelSpec, lazy
 from . import config
 
 __all__ = ["SPEC"]
@@ -11,7 +11,7 @@ SPEC = ModelSpec(
     hf_model_types=config.HF_MODEL_TYPES,
     hf_architectures=config.HF_ARCHITECTURES,
     loader_aliases=("qwen3_hf",),
-    megatron_args=ArgsMatcher({"normalization": "RMSNorm", "swiglu": True, "qk_layernorm": True}),
+    traits=config.TRAITS,
     config_from_hf=config.config_from_hf,
     config_to_hf=config.config_to_hf,
     layer_spec=lazy(f"{__name__}.spec", "layer_spec"),

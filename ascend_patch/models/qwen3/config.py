@@ -6,13 +6,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..hf_config import ModelConfig, hf_config_dict, load_hf_config
+from ..registry import Traits
 
 HF_MODEL_TYPES = ("qwen3",)
 HF_ARCHITECTURES = ("Qwen3ForCausalLM",)
+TRAITS = Traits(qk_norm=True, qkv_bias=None, tied=True)
 
 
 def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
-    return load_hf_config(cfg, "qwen3", qk_layernorm=True, default_tied=True)
+    return load_hf_config(cfg, "qwen3", traits=TRAITS)
 
 
 def config_to_hf(cfg: ModelConfig, dtype: str) -> dict[str, Any]:

@@ -5,10 +5,11 @@ from __future__ import annotations
 from ..hf_config import ModelConfig
 from ..llama.weights import llama_style_map
 from ..weightmap import WeightMap
+from .config import TRAITS
 
 __all__ = ["weight_map"]
 
 
 def weight_map(cfg: ModelConfig) -> WeightMap:
     """q_norm / k_norm [head_dim] replicated on every TP rank; no qkv bias unless configured."""
-    return llama_style_map(cfg, qkv_bias=cfg.add_qkv_bias, qk_norm=True)
+    return llama_style_map(cfg, traits=TRAITS)

@@ -1,6 +1,6 @@
 """Qwen3-MoE (Qwen3-30B-A3B, Qwen3-235B-A22B): Qwen3's attention, every MLP a router over experts."""
 
-from ..registry import ArgsMatcher, ModelSpec, lazy
+from ..registry import ModelSpec, lazy
 from . import config
 
 __all__ = ["SPEC"]
@@ -12,9 +12,7 @@ SPEC = ModelSpec(
     hf_model_types=config.HF_MODEL_TYPES,
     hf_architectures=config.HF_ARCHITECTURES,
     loader_aliases=("qwen3_moe_hf",),
-    # qwen3's facts plus experts: the family with more matching facts wins over qwen3
-    megatron_args=ArgsMatcher({"normalization": "RMSNorm", "swiglu": True, "qk_layernorm": True},
-                              patterns={"num_experts": r"^[1-9]"}),
+    traits=config.TRAITS,
     config_from_hf=config.config_from_hf,
     config_to_hf=config.config_to_hf,
     layer_spec=lazy(f"{__name__}.spec", "layer_spec"),

@@ -7,9 +7,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..hf_config import ConfigMismatch, ModelConfig, hf_config_dict, load_hf_config
+from ..registry import Traits
 
 HF_MODEL_TYPES = ("qwen3_moe",)
 HF_ARCHITECTURES = ("Qwen3MoeForCausalLM",)
+TRAITS = Traits(qk_norm=True, qkv_bias=None, moe=True)
 
 
 def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
@@ -23,7 +25,7 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
         raise ConfigMismatch(f"qwen3_moe with dense layers (mlp_only_layers={dense}, decoder_sparse_step={step}) is "
                              "not supported: the converter's layer spec makes every layer an MoE layer; Qwen3-MoE "
                              "releases use mlp_only_layers=[] and decoder_sparse_step=1")
-    base = load_hf_config(cfg, "qwen3_moe", qk_layernorm=True, default_tied=False)
+    base = load_hf_config(cfg, "qwen3_moe", traits=TRAITS)
     return dataclasses.replace(
         base, num_experts=int(experts),
         moe_ffn_hidden_size=int(cfg.get("moe_intermediate_size") or base.ffn_hidden_size),

@@ -6,11 +6,12 @@ from typing import Any
 
 from megatron.core.transformer.spec_utils import ModuleSpec
 
-from ..layer_spec import moe_layer_spec
+from ..layer_spec import traits_layer_spec
+from .config import TRAITS
 
 __all__ = ["layer_spec"]
 
 
 def layer_spec(model_config: Any = None) -> ModuleSpec:
     """The qwen3_moe decoder layer (``model_config`` gives the expert count)."""
-    return moe_layer_spec(model_config, normalization="RMSNorm", qk_layernorm=True)
+    return traits_layer_spec(TRAITS, model_config)
