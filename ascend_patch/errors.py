@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["AscendPatchError", "Finding", "FindingError", "UnsupportedSetting"]
+__all__ = ["AscendPatchError", "ConfigMismatch", "Finding", "FindingError", "UnsupportedSetting"]
 
 
 class AscendPatchError(Exception):
@@ -52,3 +52,7 @@ class FindingError(AscendPatchError, ValueError):
 
 class UnsupportedSetting(AscendPatchError, ValueError):
     """A setting (a flag, a config field) the target cannot run; the message names it and what to use."""
+
+
+class ConfigMismatch(FindingError):
+    """A model config lacks a field the family needs, or asks for what the model cannot do (``remedy``: what to do)."""

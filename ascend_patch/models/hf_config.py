@@ -9,10 +9,10 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..dtypes import short_name
-from ..errors import FindingError
+from ..errors import ConfigMismatch
 
 if TYPE_CHECKING:
-    from .registry import Traits
+    from .traits import Traits
 
 __all__ = ["ModelConfig", "ConfigMismatch", "hf_config_dict", "load_hf_config", "read_config_json",
            "rope_scaling_kwargs", "sliding_window"]
@@ -27,10 +27,6 @@ __all__ = ["ModelConfig", "ConfigMismatch", "hf_config_dict", "load_hf_config", 
 # recorded in :attr:`ModelConfig.sliding_window` and explained in :attr:`ModelConfig.notes`
 # (the family specs attend over the full causal context). The weights do not depend on it,
 # so conversion goes on; :func:`.transformer_config.transformer_config` warns with the note.
-class ConfigMismatch(FindingError):
-    """A model config lacks a field the family needs, or asks for what the model cannot do (``remedy``: what to do)."""
-
-
 @dataclass(frozen=True)
 class ModelConfig:
     """The architecture of a decoder-only transformer, in the terms Megatron uses."""
@@ -250,7 +246,7 @@ def load_hf_config(cfg: Mapping[str, Any], family: str, *, qk_layernorm: bool = 
                    traits: Traits | None = None) -> ModelConfig:
     """Normalise a llama-style config (llama, mistral, qwen2, qwen3) into a ModelConfig.
 
-    ``traits`` (the family's :class:`~.registry.Traits`) decide the three keywords: q/k norm
+    ``traits`` (the family's :class:`~.traits.Traits`) decide the three keywords: q/k norm
     and the q/k/v bias where the family always has them (else ``attention_bias`` says), and
     whether embeddings are tied when config.json does not say.
     """

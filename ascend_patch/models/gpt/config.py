@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..hf_config import ConfigMismatch, ModelConfig, params_dtype
-from ..registry import Traits
+from ..traits import Traits
 
 HF_MODEL_TYPES = ("gpt2",)
 HF_ARCHITECTURES = ("GPT2LMHeadModel",)

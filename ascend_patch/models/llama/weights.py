@@ -9,7 +9,7 @@ from ..weightmap import QKV, GatedMLP, Replicated, RowParallel, Rule, VocabParal
 from .config import TRAITS
 
 if TYPE_CHECKING:
-    from ..registry import Traits
+    from ..traits import Traits
 
 __all__ = ["weight_map", "llama_style_map"]
 

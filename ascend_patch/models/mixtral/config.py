@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..hf_config import ConfigMismatch, ModelConfig, hf_config_dict, load_hf_config
-from ..registry import Traits
+from ..traits import Traits
 
 HF_MODEL_TYPES = ("mixtral",)
 HF_ARCHITECTURES = ("MixtralForCausalLM",)

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..hf_config import ModelConfig, hf_config_dict, load_hf_config
-from ..registry import Traits
+from ..traits import Traits
 
 HF_MODEL_TYPES = ("qwen3",)
 HF_ARCHITECTURES = ("Qwen3ForCausalLM",)
