@@ -76,8 +76,10 @@ def _pytorch(catalog: Any) -> dict[str, Any]:
 def _fp8(_catalog: Any) -> dict[str, Any]:
     from . import fp8
 
+    queries = ("check_fp8_support", "check_mxfp8_support", "check_nvfp4_support", "check_fp8_block_scaling_support",
+               "check_recipe_support")
     return {"FP8GlobalStateManager": fp8.FP8GlobalStateManager, "fp8_autocast": fp8.fp8_autocast,
-            "fp8_model_init": fp8.fp8_model_init}
+            "fp8_model_init": fp8.fp8_model_init, **{name: getattr(fp8, name) for name in queries}}
 
 
 def _distributed(catalog: Any) -> dict[str, Any]:
@@ -147,7 +149,7 @@ SURFACE: dict[str, tuple[str, Builder, tuple[str, ...]]] = {
                                    _pytorch,
                                    ("optimizers", "fp8", "distributed", "tensor", "ops", "permutation",
                                     "router", "cross_entropy")),
-    "transformer_engine.pytorch.fp8": ("FP8 state (always off) and autocast", _fp8, ()),
+    "transformer_engine.pytorch.fp8": ("FP8 state (always off), autocast, and the support queries (no)", _fp8, ()),
     "transformer_engine.pytorch.distributed": ("the RNG tracker and recompute context", _distributed, ()),
     "transformer_engine.pytorch.tensor": ("quantized tensor types (none exists here)", _tensor, ()),
     "transformer_engine.pytorch.optimizers": ("TE's fused optimizers and multi-tensor ops", _optimizers, ()),
