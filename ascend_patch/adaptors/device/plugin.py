@@ -10,7 +10,7 @@ __all__ = ["ascend_patch_register_patches"]
 @hookimpl
 def ascend_patch_register_patches(registry: PatchSink, backend: Target) -> None:
     from . import (accelerator, amp, backend_flags, cuda_namespace, data, data_parallel, environment, factories,
-                   generator, legacy, loading, tensors)
+                   generator, launchers, legacy, loading, tensors)
     from ...devices import DeviceMap
 
     settings = registry.settings
@@ -27,3 +27,5 @@ def ascend_patch_register_patches(registry: PatchSink, backend: Target) -> None:
     registry.extend(data_parallel.data_parallel_patches(backend, dmap))
     registry.extend(legacy.legacy_patches(backend, dmap))
     registry.extend(backend_flags.backend_flag_patches(backend))
+    registry.extend(launchers.launcher_patches())
+    launchers.warn_about_this_launch(backend)
