@@ -9,8 +9,8 @@ __all__ = ["ascend_patch_register_patches"]
 
 @hookimpl
 def ascend_patch_register_patches(registry: PatchSink, backend: Target) -> None:
-    from . import (accelerator, amp, backend_flags, cuda_namespace, data, data_parallel, environment, factories,
-                   generator, launchers, legacy, loading, tensors)
+    from . import (accelerator, amp, backend_flags, compile, cuda_namespace, data, data_parallel, environment,
+                   factories, generator, launchers, legacy, loading, tensors)
     from ...devices import DeviceMap
 
     settings = registry.settings
@@ -28,4 +28,5 @@ def ascend_patch_register_patches(registry: PatchSink, backend: Target) -> None:
     registry.extend(legacy.legacy_patches(backend, dmap))
     registry.extend(backend_flags.backend_flag_patches(backend))
     registry.extend(launchers.launcher_patches())
+    registry.extend(compile.compile_patches(backend))
     launchers.warn_about_this_launch(backend)
