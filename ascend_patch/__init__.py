@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from .config import ConfigError, Settings, read_settings
+from .shim import TorchFirst
 
 if TYPE_CHECKING:
     from .patching.report import Report
@@ -42,6 +43,7 @@ def apply(settings: Settings | None = None, backend: Backend | None = None) -> R
     """Apply the patch set (settings default to the environment). A second call changes nothing."""
     global _auto_pending
     _auto_pending = False
+    TorchFirst.uninstall()
     from .patching.report import apply_and_report
 
     return apply_and_report(settings, backend)
@@ -51,6 +53,7 @@ def remove() -> None:
     """Undo every patch: each original is restored by identity, shim modules are removed."""
     global _auto_pending
     _auto_pending = False
+    TorchFirst.uninstall()
     if "ascend_patch.patching.manager" in sys.modules:
         from .patching.manager import manager
 
@@ -183,3 +186,4 @@ if _auto_settings.enabled:
         import wrapt
 
         wrapt.register_post_import_hook(_apply_when_torch_imported, "torch")
+        TorchFirst.install()  # `import transformer_engine` before torch imports torch, then finds its shim

@@ -51,7 +51,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
             else:
                 print(table)
         else:
-            print(report if args.all else report.summary() + "\n\n" + report.patch_table(include_applied=args.applied))
+            table = report.patch_table(include_applied=not args.not_applied)
+            print(report if args.all else report.summary() + "\n\n" + table)
     finally:
         ascend_patch.remove()
     return 0
@@ -89,7 +90,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     report = sub.add_parser("report", help="print the patch table: applied / deferred / skipped, with reasons")
     report.add_argument("--device", choices=("auto", "npu", "cpu"), help="target to build the table for")
-    report.add_argument("--applied", action="store_true", help="list applied patches too")
+    report.add_argument("--applied", action="store_true", help="list applied patches too (the default; kept for "
+                        "scripts that pass it)")
+    report.add_argument("--not-applied", action="store_true",
+                        help="only what is not applied: deferred, skipped and failed patches")
     report.add_argument("--all", action="store_true", help="everything, including plugin failures")
     report.add_argument("--shims", action="store_true",
                         help="each shim module's names and what they map to, and whether it is served now")

@@ -48,6 +48,10 @@ VARIABLES: tuple[_Var, ...] = (
          "comma-separated plugin names that are not loaded."),
     _Var("ASCEND_PATCH_AUTOLOAD", "autoload", ("0", "1"), "0",
          "1 patches every Python process that starts (through the installed .pth file)."),
+    _Var("ASCEND_PATCH_CPU_DEVICES", "cpu_devices", None, "",
+         "N: the cpu target presents N virtual devices to every patched process "
+         "(launchers under ASCEND_PATCH_AUTOLOAD=1 too), as a node with N GPUs would; "
+         "CUDA_VISIBLE_DEVICES still narrows it."),
     _Var("ASCEND_PATCH_TRAINING_LOG", "training_log", None, "",
          "a file path: Megatron-LM's training loop also appends each iteration's losses, grad norm, "
          "learning rate and loss scale there as JSON lines, with full precision (written by the rank "
@@ -67,6 +71,7 @@ class Settings:
     cuda_is_available: bool = True
     disable_plugins: tuple[str, ...] = field(default_factory=tuple)
     autoload: bool = False
+    cpu_devices: str = ""
     training_log: str = ""
 
     def with_(self, **changes: object) -> Settings:
@@ -101,6 +106,8 @@ def _convert(var: _Var, raw: str) -> object:
             )
     if var.field == "disable_plugins":
         return tuple(p.strip() for p in value.split(",") if p.strip())
+    if var.field == "cpu_devices" and not (value.isdigit() and int(value) > 0):
+        raise ConfigError(f"{var.name}={raw!r} is not allowed; use a positive integer ({var.help})")
     if var.choices == ("0", "1"):
         return value == "1"
     return value

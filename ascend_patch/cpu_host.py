@@ -23,12 +23,14 @@ from .unsupported import unsupported
 __all__ = [
     "CpuEvent",
     "CpuStream",
+    "CPU_DEVICES",
     "DeviceContext",
     "Nvtx",
     "StreamContext",
     "check_index",
     "default_stream",
     "device_index",
+    "device_source",
     "emulated",
     "meminfo",
     "noop",
@@ -69,23 +71,36 @@ def _positive(raw: str | None) -> int | None:
     return value if value > 0 else None
 
 
-def visible_count() -> int:
-    """The number of virtual devices: the local world the program was launched into.
+CPU_DEVICES = "ASCEND_PATCH_CPU_DEVICES"  # the one documented way to say how many devices a node has
 
-    The entries of ``CUDA_VISIBLE_DEVICES`` when set; else, in a child of
-    ``torch.multiprocessing.spawn``, its ``nprocs``; else ``LOCAL_WORLD_SIZE`` when a
-    launcher (torchrun) set it; else 1. So ``set_device(local_rank)`` works for every
-    worker of each launch idiom, and ``device_count()``, ``torch.accelerator`` and
-    ``nn.DataParallel`` agree on the count.
+
+def device_source(environ: Any = None) -> tuple[int, str]:
+    """The number of virtual devices and the rule that gave it (what the report and doctor print).
+
+    In order: the entries of ``CUDA_VISIBLE_DEVICES`` (as on a GPU node, it narrows what the
+    process sees); ``ASCEND_PATCH_CPU_DEVICES`` (the node's device count, for every patched
+    process: launchers and workers); in a child of ``torch.multiprocessing.spawn``, its
+    ``nprocs``; ``LOCAL_WORLD_SIZE`` (torchrun sets it); else 1.
     """
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    env = os.environ if environ is None else environ
+    visible = env.get("CUDA_VISIBLE_DEVICES")
     if visible is not None and visible.strip() != "":
-        return len([v for v in visible.split(",") if v.strip() != ""])
-    for name in (SPAWN_NPROCS, "LOCAL_WORLD_SIZE"):
-        value = _positive(os.environ.get(name))
+        return len([v for v in visible.split(",") if v.strip() != ""]), f"CUDA_VISIBLE_DEVICES={visible.strip()}"
+    for name, why in ((CPU_DEVICES, "{name}={value}"), (SPAWN_NPROCS, "torch.multiprocessing.spawn(nprocs={value})"),
+                      ("LOCAL_WORLD_SIZE", "{name}={value}, from the launcher")):
+        value = _positive(env.get(name))
         if value is not None:
-            return value
-    return 1
+            return value, why.format(name=name, value=value)
+    return 1, f"the default: none of CUDA_VISIBLE_DEVICES, {CPU_DEVICES}, an mp.spawn nprocs or LOCAL_WORLD_SIZE is set"
+
+
+def visible_count() -> int:
+    """The number of virtual devices (see :func:`device_source` for the rule).
+
+    So ``set_device(local_rank)`` works for every worker of each launch idiom, and
+    ``device_count()``, ``torch.accelerator`` and ``nn.DataParallel`` agree on the count.
+    """
+    return device_source()[0]
 
 
 class _State(threading.local):
@@ -115,8 +130,7 @@ def check_index(index: int) -> int:
     if not 0 <= index < count:
         raise RuntimeError(
             f"invalid device ordinal {index}: the cpu target has {count} virtual device(s) "
-            "(CUDA_VISIBLE_DEVICES, else the mp.spawn nprocs, else LOCAL_WORLD_SIZE, else 1); "
-            "set CUDA_VISIBLE_DEVICES=0,1,... to present more"
+            f"({device_source()[1]}); set {CPU_DEVICES}=N to present N"
         )
     return index
 

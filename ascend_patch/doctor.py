@@ -37,6 +37,11 @@ if out.get("torch_import") == "ok" and sys.argv[1] == "1":
         out["torch_npu_import"] = f"{type(exc).__name__}: {exc}"
 if out.get("torch_import") == "ok":
     try:
+        from ascend_patch.cpu_host import device_source
+        out["cpu_devices"] = list(device_source())
+    except Exception as exc:
+        out["cpu_devices"] = [0, "%s: %s" % (type(exc).__name__, exc)]
+    try:
         from ascend_patch.plugins import get_plugin_manager
         from ascend_patch.models.registry import get_spec_registry
         from ascend_patch.loaders.formats import get_format_registry
@@ -175,6 +180,10 @@ def format_diagnosis(d: Diagnosis) -> str:
         lines.append(f"{'plugin failure':<16}{failure}")
     lines.append("")
     lines.append(f"target (auto)   {d.target}: {d.why}")
+    if d.target == "cpu" and d.probe.get("cpu_devices"):
+        count, why = d.probe["cpu_devices"]
+        hint = "; ASCEND_PATCH_CPU_DEVICES=N presents N" if why.startswith("the default") else ""
+        lines.append(f"{'cpu devices':<16}{count} virtual ({why}{hint})")
     for item in d.advice:
         lines.append(f"advice          {item}")
     return "\n".join(lines)

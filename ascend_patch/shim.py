@@ -1,9 +1,15 @@
-"""Shim modules: stand-ins for CUDA-only packages that are not installed, declared as data and built from it."""
+"""Shim modules: stand-ins for CUDA-only packages that are not installed, declared as data and built from it.
+
+Shims are served once the patches are applied, which ``import ascend_patch`` defers to ``import torch``;
+:class:`TorchFirst` covers ``import ascend_patch`` then ``import transformer_engine`` (torch first, as the
+real package would import it, then the shim).
+"""
 
 from __future__ import annotations
 
 import dis
 import importlib
+import importlib.abc
 import re
 import sys
 import types
@@ -14,6 +20,7 @@ from typing import Any
 from .errors import AscendPatchError
 
 __all__ = [
+    "SHIMMED_PACKAGES",
     "SHIM_INIT",
     "SHIM_MARK",
     "Renamed",
@@ -23,12 +30,19 @@ __all__ = [
     "ShimModule",
     "ShimSpec",
     "ShimTable",
+    "TorchFirst",
     "is_shim",
     "resolve_path",
     "shim_markdown",
     "table_rows",
     "update_shim_tables",
 ]
+
+# the top-level packages a shim stands in for (triton's shim serves megatron's importers only);
+# tests/ops/test_ops_shims.py checks this against the shims the plugins register
+SHIMMED_PACKAGES: frozenset[str] = frozenset({
+    "amp_C", "apex", "flash_attn", "fused_layer_norm_cuda", "fused_weight_gradient_mlp_cuda", "grouped_gemm",
+    "transformer_engine"})
 
 SHIM_MARK = "__ascend_patch_shim__"
 # A builder may set this (a callable taking the module) on the module it returns; the finder
@@ -223,3 +237,35 @@ _BLOCK = re.compile(r"(<!-- shim-tables: ([\w ]+) -->\n)(.*?)(<!-- /shim-tables 
 def update_shim_tables(text: str, render: Callable[[list[str]], str]) -> str:
     """``text`` with each ``<!-- shim-tables: pkg ... -->`` block holding ``render(packages)``."""
     return _BLOCK.sub(lambda m: f"{m.group(1)}{render(m.group(2).split())}\n{m.group(4)}", text)
+
+
+class TorchFirst(importlib.abc.MetaPathFinder):
+    """Until torch is imported: a shimmed package no other finder found imports torch, then its shim.
+
+    Sits at the end of ``sys.meta_path`` (an installed package is found first). ``import torch``
+    runs the apply that ``import ascend_patch`` left pending, which installs the shims.
+    """
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname not in SHIMMED_PACKAGES or "torch" in sys.modules:
+            return None
+        import torch  # noqa: F401  (the real package imports it too)
+
+        for finder in list(sys.meta_path):
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                return spec
+        return None
+
+    @staticmethod
+    def install() -> None:
+        """Append the finder to ``sys.meta_path`` (once)."""
+        if not any(isinstance(f, TorchFirst) for f in sys.meta_path):
+            sys.meta_path.append(TorchFirst())
+
+    @staticmethod
+    def uninstall() -> None:
+        """Take it out of ``sys.meta_path`` again."""
+        sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, TorchFirst)]

@@ -28,6 +28,8 @@ def test_values_are_converted():
     ("ASCEND_PATCH", "yes", "0, 1"),
     ("ASCEND_PATCH_STRICT", "true", "0, 1"),
     ("ASCEND_PATCH_REPORT", "2", "0, 1, all"),
+    ("ASCEND_PATCH_CPU_DEVICES", "0", "a positive integer"),
+    ("ASCEND_PATCH_CPU_DEVICES", "eight", "a positive integer"),
 ])
 def test_bad_value_names_variable_and_choices(name, value, allowed):
     with pytest.raises(ConfigError) as err:
@@ -42,7 +44,8 @@ def test_unknown_variable_suggests_the_closest():
 
 
 def test_to_environ_round_trips():
-    s = Settings(device="cpu", strict=True, report="all", cuda_is_available=False, disable_plugins=("a", "b"))
+    s = Settings(device="cpu", strict=True, report="all", cuda_is_available=False, disable_plugins=("a", "b"),
+                 cpu_devices="8")
     assert read_settings(s.to_environ()) == s
 
 

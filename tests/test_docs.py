@@ -60,3 +60,17 @@ def test_relative_links_in_readme_and_docs_resolve():
             if not os.path.exists(path):
                 broken.append(f"{os.path.relpath(page, REPO)} -> {target}")
     assert len(pages) > 8 and not broken, broken
+
+
+def test_megatron_doc_does_not_deny_the_torch_dist_format_it_runs():
+    import re
+
+    with open(os.path.join(REPO, "docs", "megatron.md"), encoding="utf-8") as f:
+        text = f.read()
+    assert "--save ckpt --save-interval 10              # torch_dist, Megatron-LM's default format" in text
+    assert "--ckpt-format torch_dist" in text
+    assert not re.search(r"torch_dist`? format is not offered", text)
+    with open(os.path.join(REPO, "examples", "pretrain_gpt.py"), encoding="utf-8") as f:
+        example = f.read()
+    offered = re.search(r'a\("--ckpt-format", default="torch", choices=\[(.*?)\]\)', example).group(1)
+    assert offered == '"torch"' and "This example writes only that\nlayout (`--ckpt-format torch`)" in text

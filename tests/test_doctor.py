@@ -28,6 +28,9 @@ def test_doctor_on_this_machine(tmp_path):
     assert "                models (builtin): spec gpt, spec llama, spec mixtral, spec qwen2, spec qwen3, spec qwen3_moe\n" in out
     assert "                loaders (builtin): loader hf, loader mg, loader torch_dist, saver hf, saver mg, saver torch_dist\n" in out
     assert "plugin failure" not in out
+    assert out.rstrip().endswith("cpu devices     1 virtual (the default: none of CUDA_VISIBLE_DEVICES, "
+                                 "ASCEND_PATCH_CPU_DEVICES, an mp.spawn nprocs or LOCAL_WORLD_SIZE is set; "
+                                 "ASCEND_PATCH_CPU_DEVICES=N presents N)")
 
 
 def test_doctor_names_a_plugin_that_fails_to_load(tmp_path):

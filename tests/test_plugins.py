@@ -99,9 +99,9 @@ def test_report_command_lists_patches(plugin_path):
     done = _run("""
         import sys
         from ascend_patch.cli import main
-        sys.exit(main(["report", "--device", "cpu", "--applied"]))
+        sys.exit(main(["report", "--device", "cpu"]))
     """, plugin_path)
-    out = done.stdout
+    out = done.stdout  # the whole table by default, as README says: applied / deferred / skipped
     assert "ascend_patch: target cpu" in out
 
     def row(patch, state, plugin, detail):
@@ -117,6 +117,19 @@ def test_report_command_lists_patches(plugin_path):
     assert row("json.loads", "skipped", "skippy", f"pluggy {pluggy.__version__} is outside the checked range <0.1"), out
     summary = re.search(r"patches: (\d+) applied, (\d+) deferred, (\d+) skipped", out)
     assert summary and int(summary.group(2)) >= 1 and int(summary.group(3)) >= 2, out
+    def states(table):
+        return [re.search(r"\s(applied|deferred|skipped|failed)\s", line).group(1)
+                for line in table.split("-\n", 1)[1].splitlines() if line.strip()]
+
+    assert states(out).count("applied") == int(summary.group(1)), out
+
+    not_applied = _run("""
+        import sys
+        from ascend_patch.cli import main
+        sys.exit(main(["report", "--device", "cpu", "--not-applied"]))
+    """, plugin_path).stdout
+    rows = states(not_applied)
+    assert "applied" not in rows and rows.count("skipped") == int(summary.group(3)), not_applied
 
 
 # -- hook calls go through pluggy: wrappers, tracing, failure isolation --------------------

@@ -67,6 +67,17 @@ def test_module_form_and_argument_passthrough(tmp_path):
     assert "device cpu True" in done.stdout
 
 
+def test_command_string_form_as_python_c(tmp_path):
+    code = ("import sys, torch; print('argv', sys.argv, repr(sys.path[0]), __name__); "
+            "print('device', torch.ones(1, device='cuda').device)")
+    done = _run([sys.executable, "-m", "ascend_patch", "--device", "cpu", "-c", code, "a", "-m", "b"], tmp_path)
+    assert "argv ['-c', 'a', '-m', 'b'] '' __main__" in done.stdout  # what python -c sets
+    assert "device cpu" in done.stdout
+    failed = subprocess.run([sys.executable, "-m", "ascend_patch", "-c", "import sys; sys.exit(3)"],
+                            capture_output=True, text=True, cwd=tmp_path, env=child_env(), timeout=600)
+    assert failed.returncode == 3
+
+
 def test_ascend_patch_run_console_command(tmp_path):
     script = tmp_path / "prog.py"
     script.write_text("import sys, torch\nprint(sys.argv[1:], torch.zeros(1, device='cuda:0').device)\n")

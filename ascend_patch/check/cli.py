@@ -121,10 +121,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     world.add_argument("--nnodes", type=int)
     world.add_argument("--nproc-per-node", "--nproc_per_node", type=int, dest="nproc_per_node")
     par = p.add_argument_group("parallel sizes (Megatron's flags)")
-    par.add_argument("--tensor-model-parallel-size", "--tp", type=int, default=None, dest="tp")
-    par.add_argument("--pipeline-model-parallel-size", "--pp", type=int, default=None, dest="pp")
-    par.add_argument("--context-parallel-size", "--cp", type=int, default=None, dest="cp")
-    par.add_argument("--expert-model-parallel-size", "--ep", type=int, default=None, dest="ep")
+    # the short form first, so the usage line shows what README and the docs type
+    for short, name, what in (("--tp", "--tensor-model-parallel-size", "tensor"),
+                              ("--pp", "--pipeline-model-parallel-size", "pipeline"),
+                              ("--cp", "--context-parallel-size", "context"),
+                              ("--ep", "--expert-model-parallel-size", "expert")):
+        par.add_argument(short, name, type=int, default=None, dest=short[2:],
+                         help=f"{what}-parallel size ({short} is short for Megatron's {name})")
     par.add_argument("--expert-tensor-parallel-size", type=int, dest="etp")
     par.add_argument("--num-layer-list", help="layers per pipeline stage, e.g. 7,7,7,7")
     par.add_argument("--decoder-first-pipeline-num-layers", type=int, dest="first_stage_layers",

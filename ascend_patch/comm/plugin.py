@@ -11,8 +11,9 @@ __all__ = ["ascend_patch_register_patches"]
 @hookimpl
 def ascend_patch_register_patches(backend: Target) -> list[Patch]:
     from ..devices import DeviceMap
-    from . import backend_names, collectives, env
+    from . import backend_names, collectives, dtensor_attention, env, teardown
 
     env.note_unmapped(backend.name)
     return [*backend_names.backend_name_patches(backend, DeviceMap(backend)), *env.env_patches(backend.name),
-            *collectives.collective_patches()]  # the collectives: cpu only (Patch.backends)
+            *collectives.collective_patches(), *teardown.teardown_patches(),
+            *dtensor_attention.dtensor_attention_patches()]  # the collectives: cpu only (Patch.backends)

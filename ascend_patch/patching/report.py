@@ -46,6 +46,7 @@ class Report:
     reporting: bool = False
     plugin_failures: list[str] = field(default_factory=list)
     cuda_is_available: bool = True
+    devices: str = ""  # cpu target: how many virtual devices this process sees, and why
 
     def counts(self) -> dict[str, int]:
         return dict(Counter(s.state for s in self.statuses))
@@ -112,7 +113,8 @@ class Report:
         if self.target is None:
             return f"ascend_patch: not active ({self.reason})"
         counts = ", ".join(f"{n} {state}" for state, n in sorted(self.counts().items()))
-        return f"ascend_patch: target {self.target} ({self.reason}); patches: {counts}"
+        line = f"ascend_patch: target {self.target} ({self.reason}); patches: {counts}"
+        return line + (f"\n{self.devices}" if self.devices else "")
 
     def __str__(self) -> str:
         parts = [self.summary(), "", self.patch_table()]
@@ -148,7 +150,18 @@ def build_report(manager: PatchManager) -> Report:
         reporting=recorder is not None,
         plugin_failures=list(manager.plugin_failures),
         cuda_is_available=manager.settings.cuda_is_available if manager.settings is not None else True,
+        devices=_devices(target),
     )
+
+
+def _devices(target: str | None) -> str:
+    if target != "cpu":
+        return ""
+    from ..cpu_host import CPU_DEVICES, device_source
+
+    count, why = device_source()
+    hint = f"; {CPU_DEVICES}=N presents N" if why.startswith("the default") else ""
+    return f"virtual devices: {count} ({why}{hint})"
 
 
 # the questions a program asks before it picks its device

@@ -48,6 +48,18 @@ class FakeNpuModule:
     def manual_seed(self, seed):
         self.calls.append(("manual_seed", seed))
 
+    # torch.npu.get_rng_state / set_rng_state: TorchDynamo saves and restores the device generator's
+    # state around tracing whenever torch.cuda.is_available() says True (patched: the npu)
+    def get_rng_state(self, device="npu"):
+        import torch
+
+        if not hasattr(self, "_rng_state"):
+            self._rng_state = torch.Generator().get_state()
+        return self._rng_state.clone()
+
+    def set_rng_state(self, new_state, device="npu"):
+        self._rng_state = new_state.clone()
+
     def is_bf16_supported(self):
         return True
 

@@ -97,6 +97,18 @@ def run(capsys, *argv):
     return code, capsys.readouterr().out
 
 
+def test_help_shows_the_short_forms_readme_uses(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["check", "--help"])
+    assert exit_.value.code == 0
+    text = capsys.readouterr().out
+    usage = text.split("\n\n", 1)[0]
+    for short, long in (("--tp", "--tensor-model-parallel-size"), ("--pp", "--pipeline-model-parallel-size"),
+                        ("--cp", "--context-parallel-size"), ("--ep", "--expert-model-parallel-size")):
+        assert f"[{short} {short[2:].upper()}]" in usage, usage
+        assert f"{short} {short[2:].upper()}, {long} {short[2:].upper()}" in text  # Megatron's name stays listed
+
+
 def test_pp_mismatch_names_both_sizes_and_the_reshard_command(tmp_path, capsys):
     ckpt = make_checkpoint(tmp_path / "ckpt", tp=1, pp=4)
     code, out = run(capsys, "--world-size", 8, "--load", ckpt)

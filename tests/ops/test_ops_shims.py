@@ -207,3 +207,31 @@ def test_a_shim_can_stay_hidden_from_some_importers(cpu_settings):
         sys.modules.pop("ap_importer", None)
         ascend_patch.remove()
         plugins.reset_plugin_manager(previous)
+
+def test_the_shimmed_package_list_is_every_shim_a_plugin_registers(patched):
+    from ascend_patch.patch import ModuleShim
+    from ascend_patch.patching.manager import manager
+    from ascend_patch.shim import SHIMMED_PACKAGES
+
+    registered = {s.patch.target.split(".")[0] for s in manager.statuses if isinstance(s.patch, ModuleShim)}
+    assert registered - {"triton"} == set(SHIMMED_PACKAGES)  # triton's shim serves two megatron modules only
+
+
+def test_a_shimmed_package_imported_before_torch_imports_torch_then_its_shim(no_real_packages):
+    import subprocess
+
+    from helpers import child_env
+
+    code = ("import sys, ascend_patch\n"
+            "assert 'torch' not in sys.modules\n"
+            "import transformer_engine\n"
+            "from transformer_engine.pytorch.fp8 import check_fp8_support\n"
+            "import apex\n"
+            "from ascend_patch.shim import TorchFirst, is_shim\n"
+            "print(transformer_engine.__version__, is_shim(transformer_engine), is_shim(apex), check_fp8_support()[0],\n"
+            "      ascend_patch.active_backend().name, any(isinstance(f, TorchFirst) for f in sys.meta_path))\n"
+            "import no_such_package_here\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=child_env(ASCEND_PATCH_DEVICE="cpu"), timeout=300)
+    assert done.stdout.split() == ["2.7.0", "True", "True", "False", "cpu", "False"], done.stderr[-3000:]
+    assert done.stderr.rstrip().endswith("ModuleNotFoundError: No module named 'no_such_package_here'")

@@ -367,3 +367,26 @@ def test_rng_tracker_forks_the_targets_generator(te):
         with tracker.fork("missing"):
             pass
     assert math.isfinite(float(a.sum()))
+
+
+def test_fp8_support_queries_answer_no_and_say_why(te):
+    # megatron-core's tests/unit_tests/models/test_gpt_model.py imports check_fp8_support to be collected at all
+    from transformer_engine.common.recipe import DelayedScaling, MXFP8BlockScaling
+    from transformer_engine.pytorch.fp8 import (FP8GlobalStateManager, check_fp8_block_scaling_support,
+                                                check_fp8_support, check_mxfp8_support, check_nvfp4_support,
+                                                check_recipe_support)
+    from ascend_patch.adaptors.megatron.te.fp8 import FP8Unavailable
+
+    queries = {"FP8": (check_fp8_support, FP8GlobalStateManager.is_fp8_available),
+               "MXFP8": (check_mxfp8_support, FP8GlobalStateManager.is_mxfp8_available),
+               "NVFP4": (check_nvfp4_support, FP8GlobalStateManager.is_nvfp4_available),
+               "FP8 block scaling": (check_fp8_block_scaling_support,
+                                     FP8GlobalStateManager.is_fp8_block_scaling_available)}
+    for kind, (query, method) in queries.items():
+        supported, why = query()
+        assert supported is False
+        assert why.startswith(f"{kind} is not supported: the cpu target has no FP8 kernels"), why
+        assert method() == (supported, why)
+    for recipe in (DelayedScaling(), MXFP8BlockScaling()):
+        with pytest.raises(FP8Unavailable, match=rf"check_recipe_support\({type(recipe).__name__}\).*--fp8-format"):
+            check_recipe_support(recipe)

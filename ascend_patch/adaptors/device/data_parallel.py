@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from ...backend import Backend
+from ...cpu_host import CPU_DEVICES, device_source
 from ...devices import DeviceMap
 from ...patch import Action, Patch, Replace, replacing
 from ...usage import note
@@ -99,8 +100,8 @@ def _init(original: Any, target: Backend, dmap: DeviceMap) -> Any:
             if not 0 <= i < count:
                 raise ValueError(
                     f"DataParallel(device_ids={list(device_ids or ids)}): device {i} does not exist; the cpu "
-                    f"target has {count} virtual device(s) (CUDA_VISIBLE_DEVICES, else the mp.spawn "
-                    "nprocs, else LOCAL_WORLD_SIZE, else 1); give ids below that or set CUDA_VISIBLE_DEVICES")
+                    f"target has {count} virtual device(s) ({device_source()[1]}); give ids below that or "
+                    f"set {CPU_DEVICES}=N")
         self.device_ids = ids
         self.output_device = _index(output_device, dmap) if output_device is not None else (ids[0] if ids else None)
         self.src_device_obj = torch.device(target.device_type)

@@ -79,7 +79,11 @@ SURFACE: ShimTable = {
         children=("optimizers", "fp8", "distributed", "tensor", "ops", "permutation", "router", "cross_entropy"),
         hints=_HINTS),
     "transformer_engine.pytorch.fp8": ShimSpec(
-        "FP8 state (always off) and autocast", {"FP8GlobalStateManager": f"{_TE}.fp8:FP8GlobalStateManager", **_FP8},
+        "FP8 state (always off), autocast, and the support queries (no, and why)",
+        {"FP8GlobalStateManager": f"{_TE}.fp8:FP8GlobalStateManager", **_FP8,
+         **{name: f"{_TE}.fp8:{name}" for name in (
+             "check_fp8_support", "check_mxfp8_support", "check_nvfp4_support", "check_fp8_block_scaling_support",
+             "check_recipe_support")}},
         hints=_HINTS),
     "transformer_engine.pytorch.distributed": ShimSpec(
         "the RNG tracker and recompute context",

@@ -10,7 +10,10 @@ The targets have no FP8 GEMMs, so nothing here quantizes. What megatron-core nee
   opens them to *force* full precision); with ``enabled=True`` they raise
   :class:`FP8Unavailable`, which names Megatron-LM's flags;
 * ``QuantizedTensor`` / ``Float8Tensor``: types for megatron's ``isinstance`` checks. No
-  tensor is ever one on these targets; constructing one raises :class:`FP8Unavailable`.
+  tensor is ever one on these targets; constructing one raises :class:`FP8Unavailable`;
+* the queries code asks before it decides (``check_fp8_support`` and its MXFP8, NVFP4 and
+  block-scaling siblings, ``FP8GlobalStateManager.is_*_available``): ``(False, reason)``, the
+  reason naming the target; ``check_recipe_support`` raises :class:`FP8Unavailable`.
 """
 
 from __future__ import annotations
@@ -37,6 +40,11 @@ __all__ = [
     "NVFP4BlockScaling",
     "QuantizedTensor",
     "Recipe",
+    "check_fp8_block_scaling_support",
+    "check_fp8_support",
+    "check_mxfp8_support",
+    "check_nvfp4_support",
+    "check_recipe_support",
     "fp8_autocast",
     "fp8_model_init",
     "fp8_unavailable",
@@ -57,6 +65,40 @@ def fp8_unavailable(what: str, target: str | None = None) -> FP8Unavailable:
         f"(ascend_patch's transformer_engine layer runs full precision only). Drop "
         f"{', '.join(FP8_FLAGS)} from the Megatron-LM command line (TransformerConfig.fp8 / fp4 / fp8_param "
         f"= None/False) and train in bf16 (--bf16) or fp32")
+
+
+def _no_support(kind: str) -> tuple[bool, str]:
+    from ....backend import active_backend
+
+    target = active_backend()
+    where = f"the {target.name} target" if target is not None else "this target"
+    return False, (f"{kind} is not supported: {where} has no FP8 kernels (Transformer Engine is not installed; "
+                   "ascend_patch's transformer_engine layer runs bf16/fp16/fp32 only)")
+
+
+def check_fp8_support() -> tuple[bool, str]:
+    """TE's query "can this device run FP8?": ``(False, why)`` on these targets."""
+    return _no_support("FP8")
+
+
+def check_mxfp8_support() -> tuple[bool, str]:
+    """TE's MXFP8 query: ``(False, why)``."""
+    return _no_support("MXFP8")
+
+
+def check_nvfp4_support() -> tuple[bool, str]:
+    """TE's NVFP4 query: ``(False, why)``."""
+    return _no_support("NVFP4")
+
+
+def check_fp8_block_scaling_support() -> tuple[bool, str]:
+    """TE's FP8 block-scaling query: ``(False, why)``."""
+    return _no_support("FP8 block scaling")
+
+
+def check_recipe_support(recipe: Any) -> None:
+    """TE's check before a recipe is used: every recipe is refused here, naming the flags."""
+    raise fp8_unavailable(f"transformer_engine.pytorch.fp8.check_recipe_support({type(recipe).__name__})")
 
 
 class _FormatHelper(NamedTuple):
@@ -164,15 +206,19 @@ class FP8GlobalStateManager:
 
     @classmethod
     def is_fp8_available(cls) -> tuple[bool, str]:
-        return False, "ascend_patch's transformer_engine layer has no FP8 kernels on this target"
+        return check_fp8_support()
 
     @classmethod
     def is_mxfp8_available(cls) -> tuple[bool, str]:
-        return cls.is_fp8_available()
+        return check_mxfp8_support()
 
     @classmethod
     def is_fp8_block_scaling_available(cls) -> tuple[bool, str]:
-        return cls.is_fp8_available()
+        return check_fp8_block_scaling_support()
+
+    @classmethod
+    def is_nvfp4_available(cls) -> tuple[bool, str]:
+        return check_nvfp4_support()
 
 
 @contextlib.contextmanager
