@@ -253,8 +253,6 @@ def main() -> None:
         warnings.simplefilter("always")
         report = ascend_patch.apply(Settings(device="auto"))  # imports the torch_npu double
     out["warnings"] = [str(w.message) for w in caught if "ascend_patch" in str(w.message)]
-    targets = [s.patch.target for s in report.rows("applied") if s.patch.kind in (PatchKind.REPLACE, PatchKind.WRAP)]
-    added = [s.patch.target for s in report.rows("applied") if s.patch.kind is PatchKind.ADD]
     try:
         for group in (lambda: selection(report), transfers, factories, legacy, load, amp, data_and_parallel, flags,
                       cuda_namespace, accelerator):
@@ -264,6 +262,10 @@ def main() -> None:
             except Exception:
                 out[name] = {"error": traceback.format_exc()}
     finally:
+        # what is applied by now, deferred patches included (the groups import modules such as DTensor's)
+        applied = ascend_patch.report().rows("applied")
+        targets = [s.patch.target for s in applied if s.patch.kind in (PatchKind.REPLACE, PatchKind.WRAP)]
+        added = [s.patch.target for s in applied if s.patch.kind is PatchKind.ADD]
         ascend_patch.remove()
     out["env_after_remove"] = os.environ.get("ASCEND_RT_VISIBLE_DEVICES")
     try:
