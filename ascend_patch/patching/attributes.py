@@ -24,12 +24,14 @@ _LIVE: dict[int, tuple[Any, AttributePatch, Any]] = {}
 
 
 def _installed(patch: AttributePatch, current: Any) -> bool:
-    """Whether ``current`` is ours already for ``patch``: installed by it (or an equal record), by a patch
-    of another target (an alias or a re-bound copy of it), or wrapping such a value. Another wrap of the
-    same target is not: that one composes."""
+    """Whether ``current`` is ours already for ``patch``: installed by it (or an equal record), or, for a
+    wrap, by a patch of another target (an alias or a re-bound copy of it: wrapped once), or wrapping such
+    a value. Another wrap of the same target is not: that one composes. A replacement replaces whatever
+    another patch put there (megatron's ``jit_fuser`` holds the wrapped ``torch.compile``, and becomes eager)."""
+    wraps = isinstance(patch, Wrap)
     while has_identity(current) and id(current) in _LIVE:
         _, by, replaced = _LIVE[id(current)]
-        if by == patch or by.target != patch.target:
+        if by == patch or (wraps and by.target != patch.target):
             return True
         current = replaced
     return False
