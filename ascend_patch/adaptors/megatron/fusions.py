@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ...patch import Action, Patch, Replace
-from .releases import patch_range
+from .releases import needed_on
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -144,7 +144,7 @@ def megatron_patches(backend: Any) -> list[Patch]:
         return getattr(mod, name)(backend)
 
     def patch(target: str, reason: str, make: Any, **extra: Any) -> Replace:
-        return Replace(target, reason, make=make, action=action, **patch_range(), **extra)
+        return Replace(target, reason, make=make, action=action, **needed_on(), **extra)
 
     return [
         patch(f"{_ROPE}:fused_apply_rotary_pos_emb",

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ...patch import Action, Patch, Replace
-from .releases import COMPILED_AT_IMPORT, patch_range
+from .releases import COMPILED_AT_IMPORT, needed_on
 
 __all__ = ["COMPILED_AT_IMPORT", "compiled_functions", "eager", "jit_patches"]
 
@@ -77,12 +77,12 @@ def jit_patches() -> list[Patch]:
     """``jit_fuser`` -> eager, and each function already compiled at import back to eager."""
     api = "megatron.core.jit.jit_fuser (torch.compile)"
     patches = [Replace("megatron.core.jit:jit_fuser", _REASON, replacement=eager,
-                       **patch_range(),  action=Action.EMULATED, api=api, count_calls=False,
+                       **needed_on(),  action=Action.EMULATED, api=api, count_calls=False,
                        rebind=False)]  # the original *is* torch.compile: never re-bind torch's own name
     for module, attr in COMPILED_AT_IMPORT:
         original = _compiled_now(module, attr)
         if original is not None:  # same entry point and behaviour as the jit_fuser row of the table
             patches.append(Replace(f"{module}:{attr}", _REASON, replacement=original,
-                                   **patch_range(),  action=Action.EMULATED, api=api,
+                                   **needed_on(),  action=Action.EMULATED, api=api,
                                    count_calls=False))
     return patches

@@ -31,13 +31,13 @@ from typing import Any
 
 from ...patch import Action, Add, ModuleShim, Patch, Replace, Wrap
 from ...shim import ShimModule, is_shim
-from .releases import patch_range
+from .releases import needed_on
 from .jit import eager
 
 __all__ = ["GroupedGemmShims", "moe_patches"]
 
 _UTIL = "megatron.core.transformer.moe.grouped_gemm_util"
-_RANGE = patch_range()
+_RANGE = needed_on()
 
 
 class GroupedGemmShims:

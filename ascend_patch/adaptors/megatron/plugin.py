@@ -1,20 +1,31 @@
-"""The built-in Megatron plugin: the patches stock megatron-core needs on the targets.
+"""The built-in Megatron plugin: the patches stock megatron-core needs on the targets, for its release.
 
-What the device and comm adaptors already cover is not repeated here (see
-docs/megatron.md): ``torch.cuda.current_device()`` used as a device, literal
-``device="cuda"``, ``torch.cuda.*FloatTensor`` type strings in the optimizers and
-gradient clipping, ``torch.cuda.synchronize`` in pipeline p2p, ``.cuda()`` on tied
-embeddings, and ``nccl`` process groups all work through those.
+What the device and comm adaptors already cover is not repeated here (docs/megatron.md):
+``torch.cuda.current_device()`` as a device, literal ``device="cuda"``, CUDA type strings,
+``torch.cuda.synchronize``, ``.cuda()`` and ``nccl`` process groups all work through those.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
-from ...hookspec import Target, hookimpl
+from ...config import Settings
+from ...errors import AscendPatchError
+from ...hookspec import PackageVersion, Target, hookimpl
 from ...patch import Patch
+from . import releases
+from .detect import find_megatron
 
-__all__ = ["ascend_patch_register_patches", "megatron_patches"]
+__all__ = ["UnsupportedMegatron", "ascend_patch_package_version", "ascend_patch_register_patches",
+           "check_release", "megatron_patches"]
+
+
+class UnsupportedMegatron(AscendPatchError, RuntimeError):
+    """The megatron-core on the path is outside the supported releases (fatal with ASCEND_PATCH_STRICT=1)."""
+
+
+_warned: set[str] = set()
 
 
 def megatron_patches(backend: Any) -> list[Any]:
@@ -28,6 +39,32 @@ def megatron_patches(backend: Any) -> list[Any]:
             *moe.moe_patches(backend)]
 
 
+def check_release(strict: bool) -> None:
+    """Warn once (raise when ``strict``) when the megatron-core this process imports is not supported."""
+    found = find_megatron()
+    if found is None or releases.supported(found.version):
+        return
+    outside = f"{found.describe()} is outside the releases ascend_patch supports ({releases.supported_text()})"
+    if strict:
+        raise UnsupportedMegatron(f"{outside}; ASCEND_PATCH_STRICT=1 refuses it. Use a supported release "
+                                  "(docs/megatron.md, 'Megatron releases'), or run without ASCEND_PATCH_STRICT to "
+                                  "apply the patches on a best-effort basis")
+    message = (f"{outside}: its patches are applied where their targets exist, on a best-effort basis. Use a "
+               "supported release (docs/megatron.md, 'Megatron releases'); ASCEND_PATCH_STRICT=1 refuses to run")
+    if found.path not in _warned:
+        _warned.add(found.path)
+        warnings.warn(f"ascend_patch: {message}", stacklevel=2)
+
+
 @hookimpl
-def ascend_patch_register_patches(backend: Target) -> list[Patch]:
+def ascend_patch_register_patches(backend: Target, settings: Settings) -> list[Patch]:
+    check_release(settings.strict)
     return megatron_patches(backend)
+
+
+@hookimpl
+def ascend_patch_package_version(package: str) -> PackageVersion | None:
+    if package != releases.PACKAGE:
+        return None
+    found = find_megatron()
+    return None if found is None else PackageVersion(found.version, found.describe())

@@ -2,15 +2,46 @@
 
 from __future__ import annotations
 
-__all__ = ["COMPILED_AT_IMPORT", "PACKAGE", "SUPPORTED", "TRITON_IMPORTERS", "patch_range"]
+import re
+
+__all__ = ["COMPILED_AT_IMPORT", "FACTS", "MAIN", "PACKAGE", "SUPPORTED", "TRITON_IMPORTERS", "needed_on", "supported",
+           "supported_text"]
 
 PACKAGE = "megatron-core"
-SUPPORTED = ">=0.16,<0.17"  # the releases every Megatron patch was checked against
+SUPPORTED = ">=0.12,<0.18"  # the release lines every Megatron patch was checked against
+# Megatron-LM main as tested: its package_info says the next release line (0.20.0)
+MAIN = {"version": "0.20.0", "commit": "d98e8a64ddf3", "date": "2026-08-22"}
 
 
-def patch_range() -> dict[str, str]:
-    """``package=`` and ``versions=`` for a Patch record that reaches into megatron-core."""
-    return {"package": PACKAGE, "versions": SUPPORTED}
+def _release(version: str) -> tuple[int, ...]:
+    m = re.match(r"\d+(?:\.\d+)*", version)
+    return tuple(int(p) for p in m.group(0).split(".")) if m else ()
+
+
+def supported(version: str) -> bool:
+    """Whether megatron-core ``version`` is a supported release line (0.12.x-0.17.x) or the tested main."""
+    have = _release(version)
+    low, high = (_release(bound) for bound in re.findall(r"[\d.]+", SUPPORTED))
+    return low <= have[:len(low)] and have[:len(high)] < high or have[:3] == _release(MAIN["version"])
+
+
+def supported_text() -> str:
+    """The supported releases, as a user reads them."""
+    return f"megatron-core 0.12.x to 0.17.x, and Megatron-LM main as tested at {MAIN['commit'][:7]}, which reports " \
+           f"{MAIN['version']}"
+
+
+# what differs between releases, as the PEP 440 range of megatron-core releases that have it
+FACTS: dict[str, str] = {}
+
+
+def needed_on(fact: str | None = None) -> dict[str, str]:
+    """``package=`` / ``needed=`` for a Patch the releases with ``fact`` need (None: every release needs it).
+
+    Out of the supported range the megatron plugin warns once (strict mode refuses) and applies
+    every patch whose target exists, on a best-effort basis.
+    """
+    return {} if fact is None else {"package": PACKAGE, "needed": FACTS[fact]}
 
 
 # (module, attribute) of every function megatron-core passes through jit_fuser at import;

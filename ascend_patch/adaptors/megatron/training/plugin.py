@@ -13,11 +13,12 @@ from typing import Any
 from ....config import Settings
 from ....hookspec import Target, hookimpl
 from ....patch import Action, ModuleShim, Patch, Replace, Wrap
-from ..releases import patch_range
+from ..plugin import ascend_patch_package_version  # megatron-core's release, also when the core plugin is off
+from ..releases import needed_on
 
-__all__ = ["ascend_patch_register_patches", "training_patches"]
+__all__ = ["ascend_patch_package_version", "ascend_patch_register_patches", "training_patches"]
 
-_RANGE = patch_range()
+_RANGE = needed_on()
 
 
 def training_patches(backend: Any, settings: Any = None) -> list[Patch]:
