@@ -37,7 +37,7 @@ from .jit import eager
 __all__ = ["GroupedGemmShims", "moe_patches"]
 
 _UTIL = "megatron.core.transformer.moe.grouped_gemm_util"
-_RANGE = needed_on()
+_LEGACY = needed_on("legacy_grouped_mlp")  # GroupedMLP on the grouped_gemm package
 
 
 class GroupedGemmShims:
@@ -123,27 +123,27 @@ def moe_patches(backend: Any) -> list[Patch]:
     shims = GroupedGemmShims(backend)
     action = Action.TRANSLATED if backend.name == "npu" else Action.EMULATED
     missing = "grouped_gemm is CUDA-only; serve ascend_patch's grouped GEMM while it is not installed"
-    patches = [ModuleShim(name, missing, make=shims.build, action=action, api=name)
+    patches = [ModuleShim(name, missing, make=shims.build, action=action, api=name, **_LEGACY)
                for name in GroupedGemmShims.NAMES]
     patches += [
         Replace(f"{_UTIL}:grouped_gemm",
                 "--moe-grouped-gemm: megatron-core imported before the grouped_gemm shim existed recorded the "
               "package as missing", make=lambda found: shims.package if _ours(found) else found,
-              action=action, count_calls=False, rebind=False, **_RANGE),
+              action=action, count_calls=False, rebind=False, **_LEGACY),
         Replace(f"{_UTIL}:ops",
                 "--moe-grouped-gemm: GroupedMLP calls gg.ops.gmm (None when the package was found missing)",
               make=lambda found: shims.ops if _ours(found) else found,
-              action=action, count_calls=False, rebind=False, **_RANGE),
+              action=action, count_calls=False, rebind=False, **_LEGACY),
         Add("megatron.core.transformer.moe.moe_utils:te_general_gemm",
             "MoE router gating tests te_general_gemm, which is defined only when transformer_engine imports "
               "(NameError where megatron-core was imported without it); None selects the router's own torch.mm path",
-              make=lambda _: None, action=Action.EMULATED, count_calls=False, **_RANGE),
+              make=lambda _: None, action=Action.EMULATED, count_calls=False),
         Replace("megatron.core.transformer.moe.experts:jit_fuser",
                 "GroupedMLP decorates its activations with jit_fuser when built: eager as megatron.core.jit's "
               "(this module's copy stays torch.compile when megatron-core was imported first)",
-              replacement=eager, action=Action.EMULATED, count_calls=False, rebind=False, **_RANGE),
+              replacement=eager, action=Action.EMULATED, count_calls=False, rebind=False, **_LEGACY),
         Wrap("megatron.core.transformer.moe.experts:GroupedMLP.forward",
              "GroupedMLP asserts bf16 (the CUDA grouped_gemm kernel's limit); the target's grouped GEMM also "
-              "runs fp32 and fp16", wrapper=_grouped_mlp_forward, action=action, count_calls=False, **_RANGE),
+              "runs fp32 and fp16", wrapper=_grouped_mlp_forward, action=action, count_calls=False, **_LEGACY),
     ]
     return patches

@@ -7,6 +7,7 @@ What the device and comm adaptors already cover is not repeated here (docs/megat
 
 from __future__ import annotations
 
+import sys
 import warnings
 from typing import Any
 
@@ -30,13 +31,13 @@ _warned: set[str] = set()
 
 def megatron_patches(backend: Any) -> list[Any]:
     """Every Megatron patch for ``backend`` (the registry drops those for other targets)."""
-    from . import fp8_config, fusions, jit, moe, norms, optimizer, p2p, rng, wgrad
+    from . import dist_ckpt, fp8_config, fusions, jit, moe, norms, optimizer, p2p, rng, wgrad
     from .te.shims import te_shim_patches
 
     return [*jit.jit_patches(), *rng.rng_patches(), *norms.norm_patches(backend), *wgrad.wgrad_patches(),
             *optimizer.optimizer_patches(), *p2p.p2p_patches(),
             *fp8_config.te_patches(), *fusions.megatron_patches(backend), *te_shim_patches(backend),
-            *moe.moe_patches(backend)]
+            *moe.moe_patches(backend), *dist_ckpt.dist_ckpt_patches()]
 
 
 def check_release(strict: bool) -> None:
@@ -49,16 +50,44 @@ def check_release(strict: bool) -> None:
         raise UnsupportedMegatron(f"{outside}; ASCEND_PATCH_STRICT=1 refuses it. Use a supported release "
                                   "(docs/megatron.md, 'Megatron releases'), or run without ASCEND_PATCH_STRICT to "
                                   "apply the patches on a best-effort basis")
-    message = (f"{outside}: its patches are applied where their targets exist, on a best-effort basis. Use a "
-               "supported release (docs/megatron.md, 'Megatron releases'); ASCEND_PATCH_STRICT=1 refuses to run")
     if found.path not in _warned:
         _warned.add(found.path)
-        warnings.warn(f"ascend_patch: {message}", stacklevel=2)
+        warnings.warn(f"ascend_patch: {outside}: its patches are applied where their targets exist, on a "
+                      "best-effort basis. Use a supported release (docs/megatron.md, 'Megatron releases'); "
+                      "ASCEND_PATCH_STRICT=1 refuses to run", stacklevel=3)
+
+
+class _CheckOnImport:
+    """Runs :func:`check_release` when megatron.core is imported (at once if it is): ``sys.path`` is final
+    then (``python -m ascend_patch SCRIPT`` applies before the script's folder is on it)."""
+
+    strict = False
+    watching = False
+
+    def watch(self, strict: bool) -> None:
+        self.strict = strict
+        if "megatron.core" in sys.modules:  # imported before this apply: check it now
+            check_release(strict)
+        elif not self.watching:
+            import wrapt
+
+            self.watching = True
+            wrapt.register_post_import_hook(self, "megatron.core")
+
+    def __call__(self, _module: Any) -> None:
+        from ...backend import active_backend
+
+        self.watching = False  # wrapt forgets a hook once it has fired
+        if active_backend() is not None:  # patched now: this is the megatron-core the patches meet
+            check_release(self.strict)
+
+
+_check_on_import = _CheckOnImport()
 
 
 @hookimpl
 def ascend_patch_register_patches(backend: Target, settings: Settings) -> list[Patch]:
-    check_release(settings.strict)
+    _check_on_import.watch(settings.strict)
     return megatron_patches(backend)
 
 
