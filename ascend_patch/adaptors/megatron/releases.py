@@ -28,12 +28,6 @@ FACTS: dict[str, str] = {
     "write_item_without_format": "<0.13",
     # dist_checkpointing calls numpy.product, which numpy 2 removed
     "numpy_product": "<0.16",
-    # megatron.core.models.backends (LocalSpecProvider, ...)
-    "models_backends": ">=0.13",
-    # get_moe_module_spec_for_backend(..., moe_use_legacy_grouped_gemm=)
-    "moe_spec_legacy_grouped_gemm_argument": ">=0.13,<0.17",
-    # megatron.core.process_groups_config.ProcessGroupCollection (before: ModelCommProcessGroups)
-    "process_group_collection": ">=0.15",
     # MockGPTLowLevelDataset takes token ids modulo the vocabulary (before: ids up to 4094 whatever it is)
     "mock_tokens_within_vocab": ">=0.16",
 }
