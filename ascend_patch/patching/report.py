@@ -13,6 +13,7 @@ from ..backend import Backend
 from ..config import Settings
 from ..usage import ApiUse
 from .manager import PatchManager, PatchStatus, manager
+from .versions import versions_seen
 
 __all__ = ["Report", "apply_and_report", "build_report", "print_at_exit", "process_label", "set_process_label"]
 
@@ -44,6 +45,7 @@ class Report:
     reporting: bool = False
     plugin_failures: list[str] = field(default_factory=list)
     cuda_is_available: bool = True
+    packages: dict[str, str] = field(default_factory=dict)  # package -> version, where it was read (version gate)
 
     def counts(self) -> dict[str, int]:
         return dict(Counter(s.state for s in self.statuses))
@@ -92,7 +94,10 @@ class Report:
         if self.target is None:
             return f"ascend_patch: not active ({self.reason})"
         counts = ", ".join(f"{n} {state}" for state, n in sorted(self.counts().items()))
-        return f"ascend_patch: target {self.target} ({self.reason}); patches: {counts}"
+        seen = "".join(f"\n  {name} {where}" for name, where in sorted(self.packages.items())
+                       if where.split(" ", 1)[1:] != ["(installed distribution)"])
+        return f"ascend_patch: target {self.target} ({self.reason}); patches: {counts}" + (
+            f"\nchecked against:{seen}" if seen else "")
 
     def __str__(self) -> str:
         parts = [self.summary(), "", self.patch_table()]
@@ -116,6 +121,7 @@ def build_report(manager: PatchManager) -> Report:
         reporting=recorder is not None,
         plugin_failures=list(manager.plugin_failures),
         cuda_is_available=manager.settings.cuda_is_available if manager.settings is not None else True,
+        packages={name: f"{found.version} ({found.origin})" for name, found in versions_seen().items()},
     )
 
 

@@ -112,3 +112,17 @@ def test_facts_follow_the_release_the_process_imports(tmp_path, monkeypatch):
     monkeypatch.setattr(releases, "current_version", lambda: "0.20.0+d98e8a6")
     assert releases.has("tp_group_arguments") and not releases.has("legacy_grouped_mlp")
     assert not releases.has("write_item_without_format") and not releases.has("numpy_product")
+
+
+def test_doctor_and_the_report_say_which_release_from_where(tmp_path):
+    tree = _tree(tmp_path, "0.17.1")
+    done = _run("import sys\nfrom ascend_patch.doctor import _megatron\nprint('DOCTOR', _megatron())\n"
+                "import ascend_patch, torch, megatron.core\nfrom ascend_patch.patching.versions import package_version\n"
+                "package_version('megatron-core')\nprint(ascend_patch.report().summary())", tree)
+    assert done.returncode == 0, done.stderr
+    where = f"checkout {tmp_path}/megatron/core, shadows the installed wheel"
+    assert f"DOCTOR 0.17.1 ({where}" in done.stdout and done.stdout.split("\n")[0].endswith(": supported")
+    assert f"checked against:\n  megatron-core 0.17.1 ({where}" in done.stdout
+    old = _run("from ascend_patch.doctor import _megatron\nprint(_megatron())", _tree(tmp_path / "old", "0.8.0"))
+    assert old.stdout.strip().endswith("outside the supported releases (megatron-core 0.12.x to 0.17.x, and Megatron-LM "
+                                       "main as tested at d98e8a6, which reports 0.20.0): patched on a best-effort basis")

@@ -24,14 +24,18 @@ class FoundMegatron:
     wheel: str | None = None  # the installed megatron-core distribution's version, if any
     commit: str | None = None  # a checkout's git commit, when it has its .git
 
-    def describe(self) -> str:
-        """``megatron-core 0.17.1 (checkout /x/megatron/core, shadows the installed wheel 0.16.1)``."""
+    def where(self) -> str:
+        """``checkout /x/megatron/core, shadows the installed wheel 0.16.1``."""
         where = f"{self.kind} {self.path}"
         if self.commit:
             where += f" at {self.commit}"
         if self.kind == "checkout" and self.wheel:
             where += f", shadows the installed wheel {self.wheel}"
-        return f"megatron-core {self.version} ({where})"
+        return where
+
+    def describe(self) -> str:
+        """``megatron-core 0.17.1 (checkout /x/megatron/core, shadows the installed wheel 0.16.1)``."""
+        return f"megatron-core {self.version} ({self.where()})"
 
 
 def read_package_info(path: str) -> str:

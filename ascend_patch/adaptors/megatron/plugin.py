@@ -96,4 +96,4 @@ def ascend_patch_package_version(package: str) -> PackageVersion | None:
     if package != releases.PACKAGE:
         return None
     found = find_megatron()
-    return None if found is None else PackageVersion(found.version, found.describe())
+    return None if found is None else PackageVersion(found.version, found.where())
