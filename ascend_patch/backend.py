@@ -1,19 +1,10 @@
-"""The target a patched process runs on: device type, collectives, device module, kernels.
-
-Two targets exist. ``npu`` is an Ascend device through torch_npu (collectives
-``hccl``, fused kernels ``torch_npu.npu_*``). ``cpu`` is the host (collectives
-``gloo``, pure-torch reference kernels); it is a real target, not a test trick.
-
-:func:`select_backend` decides which one a process gets. It never imports
-torch_npu unless the npu target is asked for, or ``auto`` probes for it; the probe
-is guarded because torch_npu raises at import on a host without CANN.
-"""
+"""The target a patched process runs on (device type, collectives, device module, kernels), and where ops read it."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
-import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -33,10 +24,12 @@ __all__ = [
     "UnsupportedOnTarget",
     "active_backend",
     "cpu_backend",
+    "current_target",
     "npu_backend",
     "probe_npu",
     "select_backend",
     "set_active_backend",
+    "using_target",
 ]
 
 # The torch_npu kernels the ops adaptors may call (documented torch_npu API).
@@ -100,7 +93,12 @@ class KernelTable:
 
 @dataclass
 class Backend:
-    """A target. ``device_module`` is shaped like ``torch.cuda`` (``torch.npu`` on npu)."""
+    """A target. ``device_module`` is shaped like ``torch.cuda`` (``torch.npu`` on npu).
+
+    Two exist: ``npu``, an Ascend device through torch_npu (collectives ``hccl``, fused kernels
+    ``torch_npu.npu_*``), and ``cpu``, the host (collectives ``gloo``, pure-torch reference
+    kernels), a real target, not a test trick.
+    """
 
     name: str
     device_type: str
@@ -135,6 +133,40 @@ def set_active_backend(backend: Backend | None) -> None:
     """Record the target the patch manager applied (None after remove())."""
     global _active
     _active = backend
+
+
+def current_target() -> Backend:
+    """The target an op runs on, read at call time: the one source of every op's kernels.
+
+    The active backend (the target applied now, or the one :func:`using_target` put in
+    place); when nothing is applied, the cpu target, whose empty kernel table makes every
+    op take its pure-torch reference. So a class or function kept from an earlier apply
+    (megatron holds the transformer_engine shim's classes across ``remove()`` and a new
+    ``apply()``) always runs on the target of the moment.
+    """
+    target = _active
+    return target if target is not None else _reference()
+
+
+@functools.cache
+def _reference() -> Backend:
+    return cpu_backend("nothing is applied: the pure-torch reference")
+
+
+@contextlib.contextmanager
+def using_target(backend: Backend) -> Iterator[Backend]:
+    """Make ``backend`` the active target inside the block, then restore the previous one (by identity).
+
+    For tests that inject kernels into a target's table (reference implementations of the
+    torch_npu kernels); ops never call it, they read :func:`current_target`.
+    """
+    global _active
+    previous = _active
+    _active = backend
+    try:
+        yield backend
+    finally:
+        _active = previous
 
 
 @dataclass(frozen=True)
@@ -237,6 +269,9 @@ def _real_cuda_devices() -> int:
 
 def select_backend(settings: Settings, env: EnvTransaction | None = None) -> Selection:
     """Pick the target the settings ask for (see ``ASCEND_PATCH_DEVICE``).
+
+    torch_npu is imported only when the npu target is asked for or ``auto`` probes for it, the probe
+    guarded: torch_npu raises at import on a host without CANN.
 
     Before torch_npu is imported or probed (npu, auto), the CUDA environment variables
     are carried over to the NPU runtime's (``CUDA_VISIBLE_DEVICES`` ->

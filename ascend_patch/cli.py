@@ -1,9 +1,4 @@
-"""``ascend-patch``: run | report | doctor (and the commands other modules register).
-
-Each command lives with the code it drives; this module only dispatches. A command
-module exposes ``register(subparsers)`` which adds its parser with
-``set_defaults(func=...)``; ``func(args) -> int`` is the exit code.
-"""
+"""``ascend-patch``: run | report | doctor, and the commands other modules register (this module only dispatches)."""
 
 from __future__ import annotations
 
@@ -11,10 +6,13 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 __all__ = ["main", "COMMAND_MODULES"]
 
-# Modules that register subcommands, in the order `--help` lists them.
+# Modules that register subcommands, in the order `--help` lists them. Each command lives with the code
+# it drives: its module exposes register(subparsers), which adds its parser with set_defaults(func=...);
+# func(args) -> int is the exit code.
 COMMAND_MODULES: tuple[str, ...] = (
     "ascend_patch.cli",
     "ascend_patch.check",
@@ -39,7 +37,9 @@ def _cmd_report(args: argparse.Namespace) -> int:
         settings = settings.with_(device=args.device)
     report = ascend_patch.apply(settings)
     try:
-        if args.markdown:
+        if args.shims:
+            _print_shims(report, args)
+        elif args.markdown:
             from .adaptors.device.coverage import coverage_markdown
 
             table = coverage_markdown(report)
@@ -55,6 +55,23 @@ def _cmd_report(args: argparse.Namespace) -> int:
     finally:
         ascend_patch.remove()
     return 0
+
+
+def _print_shims(report: Any, args: argparse.Namespace) -> None:
+    if not args.markdown:
+        print(report.shim_table())
+        return
+    from .shim import shim_markdown, update_shim_tables
+
+    tables = report.shim_tables()
+    if not args.update:
+        print(shim_markdown(tables, tables))
+        return
+    with open(args.update, encoding="utf-8") as f:
+        text = f.read()
+    with open(args.update, "w", encoding="utf-8") as f:
+        f.write(update_shim_tables(text, lambda packages: shim_markdown(tables, packages)))
+    print(f"updated the shim tables in {args.update}")
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
@@ -74,8 +91,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     report.add_argument("--device", choices=("auto", "npu", "cpu"), help="target to build the table for")
     report.add_argument("--applied", action="store_true", help="list applied patches too")
     report.add_argument("--all", action="store_true", help="everything, including plugin failures")
-    report.add_argument("--markdown", action="store_true", help="the coverage table as markdown (docs)")
-    report.add_argument("--update", metavar="DOC", help="with --markdown: replace the table in DOC in place")
+    report.add_argument("--shims", action="store_true",
+                        help="each shim module's names and what they map to, and whether it is served now")
+    report.add_argument("--markdown", action="store_true",
+                        help="the coverage table (with --shims: the shim tables) as markdown (docs)")
+    report.add_argument("--update", metavar="DOC", help="with --markdown: replace the table(s) in DOC in place")
     report.set_defaults(func=_cmd_report)
 
     doctor = sub.add_parser("doctor", help="versions, devices, and which target auto picks and why")

@@ -1,17 +1,20 @@
-"""The error a CUDA API raises when the target cannot provide it (a leaf: imports nothing of ours).
-
-Backends, the cpu target's device module and the adaptors all raise it; keeping it
-here lets each of them import it without importing the others.
-"""
+"""The errors for what the target or an adaptor cannot provide; a leaf, so the backends, the cpu device
+module, the adaptors and ops raise them without importing each other."""
 
 from __future__ import annotations
 from .errors import AscendPatchError
 
-__all__ = ["UnsupportedOnTarget", "unsupported"]
+__all__ = ["UnsupportedOnTarget", "UnsupportedOption", "unsupported"]
 
 
 class UnsupportedOnTarget(AscendPatchError, RuntimeError):
     """A CUDA API that the target cannot provide; the message names the API and the target."""
+
+
+class UnsupportedOption(AscendPatchError, NotImplementedError):
+    """An option of a stock API (flash-attn, apex, Transformer Engine) that ascend_patch's adaptor does not
+    implement; the message names the option and what to do instead. Still a NotImplementedError, what code
+    written against such an API (and its tests) catches."""
 
 
 def unsupported(api: str, why: str, target: str) -> UnsupportedOnTarget:

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from ascend_patch.adaptors.megatron import fusions
-from ascend_patch.ops import attention, grouped_gemm, multi_tensor, norm, norm_apex, optim, rope, softmax, swiglu
+from ascend_patch.ops import attention, grouped_gemm, multi_tensor, norm, norm_apex, optim, rope, softmax
 
 
 def timed(fn: Callable[[], object], inner: int) -> float:
@@ -183,7 +183,7 @@ def activation_rows(repeats: int) -> list[float]:
     x = torch.randn(4096, 2 * 2048, requires_grad=True)
     bias = torch.randn(2 * 2048, requires_grad=True)
     g = torch.randn(4096, 2048)
-    impl = fusions.megatron_bias_swiglu_impl(None)
+    impl = fusions.bias_swiglu_impl
 
     def naive_swiglu() -> torch.Tensor:
         a, b = (x + bias).chunk(2, -1)
@@ -194,7 +194,7 @@ def activation_rows(repeats: int) -> list[float]:
                     lambda: naive_swiglu().backward(g), repeats)]
     y = torch.randn(4096, 4096, requires_grad=True)
     b2 = torch.randn(4096, requires_grad=True)
-    gelu = fusions.megatron_bias_gelu_impl(None)
+    gelu = fusions.bias_gelu_impl
 
     def naive_gelu() -> torch.Tensor:  # megatron's bias_gelu formula, run eagerly
         z = y + b2

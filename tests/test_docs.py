@@ -20,6 +20,29 @@ def test_coverage_table_matches_the_patch_table():
                          "`ascend-patch report --device cpu --markdown --update docs/coverage.md`:\n" + "\n".join(missing[:5]))
 
 
+def test_shim_tables_match_the_declarations():
+    """docs/ops.md and docs/megatron.md list every shim module's names, generated from the shim tables."""
+    import ascend_patch
+    from ascend_patch.config import Settings
+    from ascend_patch.shim import shim_markdown, update_shim_tables
+
+    with ascend_patch.patched(Settings(device="cpu")) as report:
+        tables = report.shim_tables()
+    listed = []
+    for page in ("ops.md", "megatron.md"):
+        with open(os.path.join(REPO, "docs", page)) as f:
+            doc = f.read()
+
+        def render(packages, page=page):
+            listed.extend(packages)
+            return shim_markdown(tables, packages)
+
+        assert update_shim_tables(doc, render) == doc, (
+            f"docs/{page}'s shim tables are stale; regenerate them with "
+            f"`ascend-patch report --device cpu --shims --markdown --update docs/{page}`")
+    assert sorted(listed) == sorted(tables)  # every shimmed package is listed, once
+
+
 def test_relative_links_in_readme_and_docs_resolve():
     import glob
     import re

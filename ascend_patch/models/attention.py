@@ -1,19 +1,4 @@
-"""Core attention for megatron-core layer specs, with context parallelism, for the family specs.
-
-megatron-core's local ``DotProductAttention`` refuses ``context_parallel_size > 1`` (only TE's
-attention has CP). :class:`ContextParallelAttention` takes its place in the ascend_patch specs
-(same constructor and forward signature, so ``SelfAttention`` builds it unchanged). It is the
-same code as the Transformer-Engine-compatible layer's ``DotProductAttention`` runs:
-
-* without CP, causal (or unmasked) attention through :func:`ascend_patch.ops.context_parallel.attend`
-  (``npu_fusion_attention`` BSND within its documented limits, else SDPA);
-* with CP, :func:`ascend_patch.ops.context_parallel.context_parallel_attention` on Megatron's
-  load-balanced split (rank r holds chunks r and 2CP-1-r), for every ``cp_comm_type``
-  megatron-core offers: ``p2p`` (ring), ``all_gather``, ``a2a`` and ``a2a+p2p`` (with
-  ``--hierarchical-context-parallel-sizes``).
-
-This module imports megatron-core; the family specs import it only when a spec is built.
-"""
+"""Core attention with context parallelism for megatron-core layer specs (the family specs); imports megatron-core."""
 
 from __future__ import annotations
 
@@ -26,14 +11,24 @@ from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.utils import divide
 
-from ..backend import active_backend
 from ..ops.context_parallel import COMM_TYPES, all_gather_sequence, attend, context_parallel_attention
 
 __all__ = ["ContextParallelAttention", "all_gather_sequence", "attend"]
 
 
 class ContextParallelAttention(MegatronModule):
-    """Drop-in ``core_attention`` for megatron-core's ``SelfAttention`` (see the module docstring)."""
+    """Drop-in ``core_attention`` for megatron-core's ``SelfAttention``, with context parallelism.
+
+    megatron-core's local ``DotProductAttention`` refuses ``context_parallel_size > 1`` (only TE's
+    attention has CP); this class takes its place in the ascend_patch specs (same constructor and
+    forward signature, so ``SelfAttention`` builds it unchanged). It runs what the TE layer's
+    ``DotProductAttention`` runs: without CP, causal (or unmasked) attention through
+    :func:`ascend_patch.ops.context_parallel.attend` (``npu_fusion_attention`` BSND within its
+    documented limits, else SDPA); with CP,
+    :func:`ascend_patch.ops.context_parallel.context_parallel_attention` on Megatron's load-balanced
+    split for every ``cp_comm_type`` megatron-core offers (``p2p``, ``all_gather``, ``a2a``, ``a2a+p2p``).
+    The family specs import this module only when a spec is built.
+    """
 
     def __init__(self, config: Any, layer_number: int, attn_mask_type: Any, attention_type: str,
                  attention_dropout: float | None = None, softmax_scale: float | None = None,
@@ -66,7 +61,6 @@ class ContextParallelAttention(MegatronModule):
         self.hidden_size_per_partition = divide(config.kv_channels * config.num_attention_heads, tp_size)
         self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(config.kv_channels)
         self.dropout = config.attention_dropout if attention_dropout is None else attention_dropout
-        self.backend = active_backend()  # kernels are looked up per call (tests override them)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any,
                 attn_mask_type: Any = None, attention_bias: Any = None, packed_seq_params: Any = None) -> Any:
@@ -77,32 +71,30 @@ class ContextParallelAttention(MegatronModule):
         if not causal and attention_mask is not None:
             raise ValueError(f"attn_mask_type={mask_type} with an explicit attention_mask is not supported; "
                              "ContextParallelAttention computes causal or unmasked attention")
-        kernels = self.backend.kernels if self.backend is not None else None
         dropout = self.dropout if self.training else 0.0
         # [s, b, h, d] -> [b, s, h, d]
         q, k, v = (t.transpose(0, 1) for t in (query, key, value))
         if self.cp_ranks is not None and len(self.cp_ranks) > 1:
-            out = self._context_parallel(q, k, v, causal, dropout, kernels)
+            out = self._context_parallel(q, k, v, causal, dropout)
         else:
-            out = self._attend(q, k, v, causal, dropout, kernels)
+            out = self._attend(q, k, v, causal, dropout)
         # [b, s, np, d] -> [s, b, np * d]
         return out.transpose(0, 1).reshape(query.shape[0], query.shape[1], self.hidden_size_per_partition)
 
-    def _context_parallel(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, dropout: float,
-                          kernels: Any) -> torch.Tensor:
+    def _context_parallel(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                          dropout: float) -> torch.Tensor:
         def run() -> torch.Tensor:
             return context_parallel_attention(q, k, v, comm_type=self.cp_comm_type, group=self.cp_group,
                                               causal=causal, scale=self.softmax_scale, dropout=dropout,
-                                              kernels=kernels, global_ranks=self.cp_ranks)
+                                              global_ranks=self.cp_ranks)
 
         if dropout > 0.0 and not self.config.sequence_parallel:
             with tensor_parallel.get_cuda_rng_tracker().fork():
                 return run()
         return run()
 
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, dropout: float,
-                kernels: Any) -> torch.Tensor:
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, dropout: float) -> torch.Tensor:
         if dropout > 0.0 and not self.config.sequence_parallel:
             with tensor_parallel.get_cuda_rng_tracker().fork():
-                return attend(q, k, v, causal, self.softmax_scale, dropout, kernels)
-        return attend(q, k, v, causal, self.softmax_scale, dropout, kernels)
+                return attend(q, k, v, causal, self.softmax_scale, dropout)
+        return attend(q, k, v, causal, self.softmax_scale, dropout)

@@ -1,30 +1,4 @@
-"""flash-attn 2's API on the target: same layouts, options and return values.
-
-Semantics (flash-attn 2): q (b, sq, h, d), k/v (b, sk, hk, d) with ``h % hk == 0``
-(GQA/MQA); scale defaults to 1/sqrt(d); ``causal`` and ``window_size=(left, right)``
-are aligned to the bottom-right corner (query i sees keys in
-``[i + sk - sq - left, i + sk - sq + right]``, -1 = unbounded); a query row with no key
-gives zeros; ``return_attn_probs=True`` returns ``(out, softmax_lse, None)`` (lse
-(b, h, sq) fp32, +inf for empty rows). fp32 inputs are accepted too (flash-attn takes
-only fp16/bf16).
-
-* npu: :mod:`.attention_npu` (``npu_fusion_attention``, BSND / TND);
-* cpu (and npu outside the kernel's limits): ``scaled_dot_product_attention``, with the
-  band built as a boolean mask where ``is_causal`` (top-left aligned) cannot express it.
-
-Refused with a clear error: ``softcap != 0``, ``alibi_slopes``, ``return_attn_probs`` with
-dropout (the dropout-encoded ``S_dmask`` cannot be reproduced), and ``return_attn_probs``
-for varlen on npu. Dropout uses torch's RNG, so it matches flash-attn in distribution,
-not bit for bit.
-
-``deterministic`` (flash-attn: a deterministic backward): the cpu paths (SDPA and the
-per-sequence loop) are deterministic whatever it says - the same inputs give bitwise the
-same dq/dk/dv (tests/ops/test_ops_attention.py). ``npu_fusion_attention`` has no such
-argument: torch_npu makes its backward (aclnnFlashAttentionScoreGrad) deterministic in its
-deterministic mode, ``torch.use_deterministic_algorithms(True)``, which torch_npu honours
-only once per thread, so the adaptor does not toggle it per call; ``deterministic=True``
-on the npu path while that mode is off warns, saying so.
-"""
+"""flash-attn 2's API on the target: same layouts, options and return values (see :func:`flash_attn_func`)."""
 
 from __future__ import annotations
 
@@ -34,6 +8,8 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
+from ..backend import current_target
+from ..unsupported import UnsupportedOption
 from .attention_npu import fusion_attention_bsnd, fusion_attention_tnd, npu_supports
 
 __all__ = [
@@ -50,13 +26,15 @@ __all__ = [
 ]
 
 
-def _refuse(api: str, option: str, instead: str) -> NotImplementedError:
-    return NotImplementedError(f"flash_attn.{api}({option}) is not supported by ascend_patch's adaptor; {instead}")
+def _refuse(api: str, option: str, instead: str) -> UnsupportedOption:
+    return UnsupportedOption(f"flash_attn.{api}({option}) is not supported by ascend_patch's adaptor; {instead}")
 
 
 def _options(api: str, q: Tensor, dropout_p: float, softmax_scale: float | None, causal: bool,
              window_size: tuple[int, int], softcap: float, alibi_slopes: Tensor | None,
              return_attn_probs: bool) -> tuple[float, int, int]:
+    """(scale, left, right), refusing what neither path computes: ``softcap``, ``alibi_slopes``, and
+    ``return_attn_probs`` with dropout (the dropout-encoded ``S_dmask`` cannot be reproduced)."""
     if softcap:
         raise _refuse(api, f"softcap={softcap}", "npu_fusion_attention has no soft-capping; use softcap=0.0 or "
                       "apply tanh capping to explicit scores")
@@ -76,7 +54,15 @@ def _options(api: str, q: Tensor, dropout_p: float, softmax_scale: float | None,
 
 
 def _npu_determinism(api: str, deterministic: bool) -> None:
-    """Called where ``npu_fusion_attention`` will run: ``deterministic=True`` needs torch_npu's deterministic mode."""
+    """Called where ``npu_fusion_attention`` will run: ``deterministic=True`` needs torch_npu's deterministic mode.
+
+    flash-attn's ``deterministic`` asks for a deterministic backward. The cpu paths (SDPA and the
+    per-sequence loop) are deterministic whatever it says: the same inputs give bitwise the same
+    dq/dk/dv (tests/ops/test_ops_attention.py). ``npu_fusion_attention`` has no such argument:
+    torch_npu makes its backward (aclnnFlashAttentionScoreGrad) deterministic in its deterministic
+    mode, ``torch.use_deterministic_algorithms(True)``, which it honours only once per thread, so
+    the adaptor does not toggle it per call and warns instead.
+    """
     if deterministic and not torch.are_deterministic_algorithms_enabled():
         import warnings
 
@@ -170,11 +156,16 @@ def _sdpa_bshd(q: Tensor, k: Tensor, v: Tensor, *, dropout_p: float, scale: floa
 
 
 def attention_bshd(q: Tensor, k: Tensor, v: Tensor, *, dropout_p: float = 0.0, scale: float | None = None,
-                   left: int = -1, right: int = -1, want_lse: bool = False, backend: Any = None,
+                   left: int = -1, right: int = -1, want_lse: bool = False,
                    deterministic: bool = False, api: str = "flash_attn_func") -> tuple[Tensor, Tensor | None]:
-    """Batched attention in flash-attn's layout with a bottom-right aligned band; (out, lse or None)."""
+    """Batched attention in flash-attn's layout with a bottom-right aligned band; (out, lse or None).
+
+    npu: :mod:`.attention_npu` (``npu_fusion_attention`` BSND) within the kernel's limits; otherwise
+    ``scaled_dot_product_attention``, the band as a boolean mask where ``is_causal`` (top-left
+    aligned) cannot express it.
+    """
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    kernel = backend.kernels.get("npu_fusion_attention") if backend is not None else None
+    kernel = current_target().kernels.get("npu_fusion_attention")
     if kernel is not None and npu_supports(q, k):
         _npu_determinism(api, deterministic)
         return fusion_attention_bsnd(kernel, q, k, v, dropout_p=dropout_p, scale=scale, left=left, right=right,
@@ -195,16 +186,23 @@ def _check_cu(api: str, name: str, cu: Tensor, total: int) -> None:
 
 def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, *,
                      dropout_p: float = 0.0, scale: float | None = None, left: int = -1, right: int = -1,
-                     want_lse: bool = False, backend: Any = None, deterministic: bool = False,
+                     want_lse: bool = False, deterministic: bool = False,
                      api: str = "flash_attn_varlen_func") -> tuple[Tensor, Tensor | None]:
     """Packed attention, each sequence on its own; (out (total_q, h, d), lse (h, total_q) or None)."""
+    return _attention_varlen(current_target().kernels.get("npu_fusion_attention"), q, k, v, cu_seqlens_q,
+                             cu_seqlens_k, dropout_p=dropout_p, scale=scale, left=left, right=right,
+                             want_lse=want_lse, deterministic=deterministic, api=api)
+
+
+def _attention_varlen(kernel: Any, q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, *,
+                      dropout_p: float, scale: float | None, left: int, right: int, want_lse: bool,
+                      deterministic: bool, api: str) -> tuple[Tensor, Tensor | None]:
     _check_cu(api, "cu_seqlens_q", cu_seqlens_q, q.shape[0])
     _check_cu(api, "cu_seqlens_k", cu_seqlens_k, k.shape[0])
     if cu_seqlens_q.numel() != cu_seqlens_k.numel():
         raise ValueError(f"flash_attn.{api}: cu_seqlens_q and cu_seqlens_k describe different batch sizes "
                          f"({cu_seqlens_q.numel() - 1} vs {cu_seqlens_k.numel() - 1})")
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    kernel = backend.kernels.get("npu_fusion_attention") if backend is not None else None
     if kernel is not None and npu_supports(q, k):
         if want_lse:
             raise _refuse(api, "return_attn_probs=True", "on npu the TND softmax statistics are not exposed in a "
@@ -237,8 +235,17 @@ def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_s
 def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0, softmax_scale: float | None = None,
                     causal: bool = False, window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                     alibi_slopes: Tensor | None = None, deterministic: bool = False,
-                    return_attn_probs: bool = False, *, backend: Any = None) -> Any:
-    """flash-attn 2's ``flash_attn_func``: q (b, sq, h, d), k/v (b, sk, hk, d) -> out (b, sq, h, d)."""
+                    return_attn_probs: bool = False) -> Any:
+    """flash-attn 2's ``flash_attn_func``: q (b, sq, h, d), k/v (b, sk, hk, d) -> out (b, sq, h, d).
+
+    flash-attn 2's semantics, which every function here keeps: ``h % hk == 0`` (GQA/MQA); scale
+    defaults to 1/sqrt(d); ``causal`` and ``window_size=(left, right)`` are aligned to the
+    bottom-right corner (query i sees keys in ``[i + sk - sq - left, i + sk - sq + right]``,
+    -1 = unbounded); a query row with no key gives zeros; ``return_attn_probs=True`` returns
+    ``(out, softmax_lse, None)`` (lse (b, h, sq) fp32, +inf for empty rows). fp32 inputs are
+    accepted too (flash-attn takes only fp16/bf16). Dropout uses torch's RNG, so it matches
+    flash-attn in distribution, not bit for bit.
+    """
     if q.dim() != 4 or k.dim() != 4:
         raise ValueError(f"flash_attn_func: q, k, v must be (batch, seqlen, nheads, headdim), got "
                          f"{tuple(q.shape)}, {tuple(k.shape)}")
@@ -246,34 +253,34 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0, sof
     scale, left, right = _options("flash_attn_func", q, dropout_p, softmax_scale, causal, window_size, softcap,
                                   alibi_slopes, return_attn_probs)
     out, lse = attention_bshd(q, k, v, dropout_p=dropout_p, scale=scale, left=left, right=right,
-                              want_lse=return_attn_probs, backend=backend, deterministic=deterministic)
+                              want_lse=return_attn_probs, deterministic=deterministic)
     return (out, lse, None) if return_attn_probs else out
 
 
 def flash_attn_qkvpacked_func(qkv: Tensor, dropout_p: float = 0.0, softmax_scale: float | None = None,
                               causal: bool = False, window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                               alibi_slopes: Tensor | None = None, deterministic: bool = False,
-                              return_attn_probs: bool = False, *, backend: Any = None) -> Any:
+                              return_attn_probs: bool = False) -> Any:
     """flash-attn 2's ``flash_attn_qkvpacked_func``: qkv (b, s, 3, h, d)."""
     if qkv.dim() != 5 or qkv.shape[2] != 3:
         raise ValueError(f"flash_attn_qkvpacked_func: qkv must be (batch, seqlen, 3, nheads, headdim), got "
                          f"{tuple(qkv.shape)}")
     q, k, v = qkv.unbind(2)
     return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                           deterministic, return_attn_probs, backend=backend)
+                           deterministic, return_attn_probs)
 
 
 def flash_attn_kvpacked_func(q: Tensor, kv: Tensor, dropout_p: float = 0.0, softmax_scale: float | None = None,
                              causal: bool = False, window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                              alibi_slopes: Tensor | None = None, deterministic: bool = False,
-                             return_attn_probs: bool = False, *, backend: Any = None) -> Any:
+                             return_attn_probs: bool = False) -> Any:
     """flash-attn 2's ``flash_attn_kvpacked_func``: q (b, sq, h, d), kv (b, sk, 2, hk, d)."""
     if kv.dim() != 5 or kv.shape[2] != 2:
         raise ValueError(f"flash_attn_kvpacked_func: kv must be (batch, seqlen, 2, nheads_k, headdim), got "
                          f"{tuple(kv.shape)}")
     k, v = kv.unbind(2)
     return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                           deterministic, return_attn_probs, backend=backend)
+                           deterministic, return_attn_probs)
 
 
 def _paged(cache: Tensor, block_table: Tensor, lengths: list[int]) -> Tensor:
@@ -291,8 +298,7 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
                            softmax_scale: float | None = None, causal: bool = False,
                            window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                            alibi_slopes: Tensor | None = None, deterministic: bool = False,
-                           return_attn_probs: bool = False, block_table: Tensor | None = None, *,
-                           backend: Any = None) -> Any:
+                           return_attn_probs: bool = False, block_table: Tensor | None = None) -> Any:
     """flash-attn 2's ``flash_attn_varlen_func``: packed q (total_q, h, d), k/v (total_k, hk, d) (or paged)."""
     api = "flash_attn_varlen_func"
     scale, left, right = _options(api, q, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
@@ -302,7 +308,7 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
         k, v = _paged(k, block_table, lens), _paged(v, block_table, lens)
     _check_heads(api, q, k, v)
     out, lse = attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, dropout_p=dropout_p, scale=scale, left=left,
-                                right=right, want_lse=return_attn_probs, backend=backend,
+                                right=right, want_lse=return_attn_probs,
                                 deterministic=deterministic, api=api)
     return (out, lse, None) if return_attn_probs else out
 
@@ -311,12 +317,11 @@ def flash_attn_varlen_qkvpacked_func(qkv: Tensor, cu_seqlens: Tensor, max_seqlen
                                      softmax_scale: float | None = None, causal: bool = False,
                                      window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                                      alibi_slopes: Tensor | None = None, deterministic: bool = False,
-                                     return_attn_probs: bool = False, *, backend: Any = None) -> Any:
+                                     return_attn_probs: bool = False) -> Any:
     """flash-attn 2's ``flash_attn_varlen_qkvpacked_func``: qkv (total, 3, h, d)."""
     q, k, v = qkv.unbind(1)
     return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, softmax_scale,
-                                  causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs,
-                                  backend=backend)
+                                  causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs)
 
 
 def flash_attn_varlen_kvpacked_func(q: Tensor, kv: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
@@ -324,12 +329,12 @@ def flash_attn_varlen_kvpacked_func(q: Tensor, kv: Tensor, cu_seqlens_q: Tensor,
                                     softmax_scale: float | None = None, causal: bool = False,
                                     window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                                     alibi_slopes: Tensor | None = None, deterministic: bool = False,
-                                    return_attn_probs: bool = False, *, backend: Any = None) -> Any:
+                                    return_attn_probs: bool = False) -> Any:
     """flash-attn 2's ``flash_attn_varlen_kvpacked_func``: kv (total_k, 2, hk, d)."""
     k, v = kv.unbind(1)
     return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                                   softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
-                                  return_attn_probs, backend=backend)
+                                  return_attn_probs)
 
 
 @torch.no_grad()
@@ -340,7 +345,7 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tens
                             block_table: Tensor | None = None, softmax_scale: float | None = None,
                             causal: bool = False, window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                             rotary_interleaved: bool = True, alibi_slopes: Tensor | None = None, num_splits: int = 0,
-                            return_softmax_lse: bool = False, *, backend: Any = None) -> Any:
+                            return_softmax_lse: bool = False) -> Any:
     """flash-attn 2's decoding kernel: append k/v to the cache in place (rotary optional), attend (no backward)."""
     from .rope import apply_rotary_emb
 
@@ -364,15 +369,13 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tens
         if int((lens + sn).max()) > k_cache.shape[1]:
             raise ValueError(f"flash_attn.{api}: appending {sn} tokens overflows the cache of {k_cache.shape[1]}")
         if rotary_cos is not None:
-            k = apply_rotary_emb(k, rotary_cos, rotary_sin, rotary_interleaved, seqlen_offsets=start_pos,
-                                 backend=backend)
+            k = apply_rotary_emb(k, rotary_cos, rotary_sin, rotary_interleaved, seqlen_offsets=start_pos)
             if causal or left >= 0 or right >= 0:  # query i at position cache_seqlens + i
-                q = apply_rotary_emb(q, rotary_cos, rotary_sin, rotary_interleaved, seqlen_offsets=start_pos,
-                                     backend=backend)
+                q = apply_rotary_emb(q, rotary_cos, rotary_sin, rotary_interleaved, seqlen_offsets=start_pos)
             else:  # every query token at position cache_seqlens
                 flat = q.reshape(b * sq, 1, *q.shape[2:])
                 q = apply_rotary_emb(flat, rotary_cos, rotary_sin, rotary_interleaved,
-                                     seqlen_offsets=start_pos.repeat_interleave(sq), backend=backend).view(q.shape)
+                                     seqlen_offsets=start_pos.repeat_interleave(sq)).view(q.shape)
         for bi in range(b):
             at = int(start_pos[bi])
             k_cache[idx[bi], at:at + sn] = k[bi]
@@ -384,8 +387,10 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tens
         vals = _paged(v_cache, block_table, n)
         cu = torch.tensor([0] + n, device=q.device).cumsum(0).to(torch.int32)
         cuq = torch.arange(0, (b + 1) * sq, sq, device=q.device, dtype=torch.int32)
-        out, lse = attention_varlen(q.reshape(b * sq, *q.shape[2:]), keys, vals, cuq, cu, scale=scale, left=left,
-                                    right=right, want_lse=return_softmax_lse, api=api)
+        # the decoding kernel has no npu counterpart: torch on every target (the lse in its layout)
+        out, lse = _attention_varlen(None, q.reshape(b * sq, *q.shape[2:]), keys, vals, cuq, cu, dropout_p=0.0,
+                                     scale=scale, left=left, right=right, want_lse=return_softmax_lse,
+                                     deterministic=False, api=api)
         out = out.view(b, sq, *out.shape[1:])
         lse = lse.view(lse.shape[0], b, sq).transpose(0, 1) if lse is not None else None
     else:

@@ -1,29 +1,4 @@
-"""Context-parallel attention: the sequence split over a CP group, as Megatron splits it, for each comm type.
-
-Megatron (``get_batch_on_this_cp_rank``) cuts the sequence into 2 x CP chunks and gives
-rank r chunks r and 2CP-1-r, which balances causal work. Every function here takes
-q (b, s_local, h, d) and k, v (b, s_local, g, d) in that layout, returns the output in it,
-and is differentiable. Causal masking is per chunk: a query chunk sees every earlier
-chunk fully and its own chunk causally. The comm types (Transformer Engine's names, as
-megatron-core's ``--cp-comm-type`` passes them):
-
-* ``all_gather``: K and V are all-gathered (gradients reduce-scattered) and put in
-  sequence order; each local query chunk attends the prefix it may see.
-* ``p2p``: ring attention. K/V blocks travel around the ring (send to the next rank,
-  receive from the previous one); each step attends the local query chunks to the visible
-  chunks of the block that is here and merges the partial outputs by log-sum-exp
-  (:mod:`.attention_block`). The backward pass runs the ring again, each K/V block
-  travelling with its gradient until it is back with its owner, so no rank ever holds
-  more than two K/V blocks.
-* ``a2a`` (Ulysses): an all-to-all trades the head split for the sequence split (every
-  rank gets the whole sequence for heads/CP heads, so query and key/value heads must both
-  divide by CP), attention runs on the whole sequence, a second all-to-all trades back.
-* ``a2a+p2p`` (hierarchical): ``a2a`` inside the first group of megatron's
-  ``--hierarchical-context-parallel-sizes``, then ``p2p`` over the second.
-
-Block attention runs on ``npu_fusion_attention`` (and ``npu_fusion_attention_grad`` in the
-ring's backward) where the target's kernel table has them, else in torch.
-"""
+"""Context-parallel attention on Megatron's load-balanced sequence split, for each ``--cp-comm-type``."""
 
 from __future__ import annotations
 
@@ -34,6 +9,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from ..backend import current_target
 from .attention_block import block_backward, block_forward, merge
 from .attention_npu import compressed_causal_mask, npu_supports
 
@@ -68,13 +44,16 @@ def _torch_attend(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, d
     return out.transpose(1, 2)
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, dropout: float = 0.0,
-           kernels: Any = None) -> Tensor:
+def attend(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, dropout: float = 0.0) -> Tensor:
     """Attention of q (b, sq, h, d) over k, v (b, sk, g, d); causal is bottom-right aligned.
 
-    On ``npu_fusion_attention`` where ``kernels`` has it and the shapes are within its limits, else SDPA.
+    On ``npu_fusion_attention`` where the current target has it and the shapes are within its limits, else SDPA.
     """
-    kernel = kernels.get("npu_fusion_attention") if kernels is not None else None
+    return _attend(q, k, v, causal, scale, dropout, current_target().kernels)
+
+
+def _attend(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, dropout: float, kernels: Any) -> Tensor:
+    kernel = kernels.get("npu_fusion_attention")
     if kernel is not None and npu_supports(q, k):
         return _npu_attend(kernel, q, k, v, causal, scale, dropout)
     return _torch_attend(q, k, v, causal, scale, dropout)
@@ -114,6 +93,8 @@ def all_gather_sequence(tensor: Tensor, group: Any) -> Tensor:
 
 def _all_gather_attention(q: Tensor, k: Tensor, v: Tensor, group: Any, causal: bool, scale: float, dropout: float,
                           kernels: Any) -> Tensor:
+    """``all_gather``: K and V are all-gathered (gradients reduce-scattered) and put in sequence order; each
+    local query chunk attends the prefix it may see."""
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     k = all_gather_sequence(k.transpose(0, 1), group).transpose(0, 1)
     v = all_gather_sequence(v.transpose(0, 1), group).transpose(0, 1)
@@ -121,8 +102,8 @@ def _all_gather_attention(q: Tensor, k: Tensor, v: Tensor, group: Any, causal: b
     parts = []
     for local, index in enumerate(load_balanced_chunks(rank, world)):
         end = (index + 1) * chunk if causal else k.shape[1]
-        parts.append(attend(q[:, local * chunk:(local + 1) * chunk], k[:, :end], v[:, :end], causal, scale, dropout,
-                            kernels))
+        parts.append(_attend(q[:, local * chunk:(local + 1) * chunk], k[:, :end], v[:, :end], causal, scale, dropout,
+                             kernels))
     return torch.cat(parts, dim=1)
 
 
@@ -169,12 +150,17 @@ def _reorder(x: Tensor, order: Sequence[int], parts: int) -> Tensor:
 
 def _a2a_attention(q: Tensor, k: Tensor, v: Tensor, group: Any, chunks: Sequence[int], causal: bool, scale: float,
                    dropout: float, kernels: Any) -> Tensor:
-    """Ulysses over ``group``: ``chunks`` are the chunk ids the gathered sequence holds (rank-major)."""
+    """``a2a`` (Ulysses) over ``group``: ``chunks`` are the chunk ids the gathered sequence holds (rank-major).
+
+    An all-to-all trades the head split for the sequence split (every rank gets the whole sequence for
+    heads/CP heads, so query and key/value heads must both divide by CP), attention runs on the whole
+    sequence, a second all-to-all trades back.
+    """
     q, k, v = (_AllToAll.apply(t, group, 2, 1) for t in (q, k, v))
     order = _sequence_order(chunks)
     inverse = sorted(range(len(order)), key=lambda i: order[i])
     q, k, v = (_reorder(t, order, len(chunks)) for t in (q, k, v))
-    out = attend(q, k, v, causal, scale, dropout, kernels)
+    out = _attend(q, k, v, causal, scale, dropout, kernels)
     return _AllToAll.apply(_reorder(out, inverse, len(chunks)), group, 1, 2)
 
 
@@ -211,6 +197,12 @@ def _slots(x: Tensor, positions: Sequence[int], chunk: int) -> Tensor:
 
 
 class _Ring(torch.autograd.Function):
+    """``p2p``: ring attention. K/V blocks travel around the ring (sent to the next rank, received from the
+    previous one); each step attends the local query chunks to the visible chunks of the block that is here
+    and merges the partial outputs by log-sum-exp (:mod:`.attention_block`). The backward pass runs the ring
+    again, each K/V block travelling with its gradient until it is back with its owner, so no rank ever
+    holds more than two K/V blocks."""
+
     @staticmethod
     def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, group: Any, layout: tuple[tuple[int, ...], ...],
                 causal: bool, scale: float, dropout: float, kernels: Any) -> Tensor:
@@ -286,10 +278,8 @@ def _gathered_layout(group: Any, mine: tuple[int, ...]) -> tuple[tuple[int, ...]
     cached = _LAYOUTS.get(key)
     if cached is None:
         world = dist.get_world_size(group)
-        from ..backend import active_backend
-
-        backend = active_backend()  # hccl needs device tensors, gloo host ones: the target's device is right
-        local = torch.tensor(mine, dtype=torch.int64, device=backend.device() if backend is not None else "cpu")
+        # hccl needs device tensors, gloo host ones: the target's device is right
+        local = torch.tensor(mine, dtype=torch.int64, device=current_target().device())
         bufs = [torch.empty_like(local) for _ in range(world)]
         dist.all_gather(bufs, local, group=group)
         cached = tuple(tuple(int(x) for x in b.tolist()) for b in bufs)
@@ -301,14 +291,25 @@ _LAYOUTS: dict[tuple[Any, ...], tuple[tuple[int, ...], ...]] = {}
 
 
 def context_parallel_attention(q: Tensor, k: Tensor, v: Tensor, *, comm_type: str, group: Any, causal: bool,
-                               scale: float, dropout: float = 0.0, kernels: Any = None,
+                               scale: float, dropout: float = 0.0,
                                global_ranks: Sequence[int] | None = None) -> Tensor:
     """Attention over the whole sequence from this rank's load-balanced share; returns this rank's share.
+
+    Megatron (``get_batch_on_this_cp_rank``) cuts the sequence into 2 x CP chunks and gives rank r
+    chunks r and 2CP-1-r, which balances causal work. q is (b, s_local, h, d) and k, v are
+    (b, s_local, g, d) in that layout, as is the output; differentiable. Causal masking is per chunk:
+    a query chunk sees every earlier chunk fully and its own chunk causally. ``comm_type`` is
+    Transformer Engine's name, as megatron-core's ``--cp-comm-type`` passes it: ``p2p`` (:class:`_Ring`),
+    ``all_gather``, ``a2a`` (Ulysses) or ``a2a+p2p`` (``a2a`` inside the first group of
+    ``--hierarchical-context-parallel-sizes``, then ``p2p`` over the second). Block attention runs on
+    ``npu_fusion_attention`` (and ``npu_fusion_attention_grad`` in the ring's backward) where the
+    current target has them, else in torch.
 
     ``group`` is the CP process group, or for ``a2a+p2p`` the pair [a2a group, p2p group] of
     megatron's hierarchical CP groups, with ``global_ranks`` the global ranks of the whole CP
     group in CP-rank order.
     """
+    kernels = current_target().kernels  # read once: the ring's backward runs on the kernels of its forward
     comm_type = comm_type or "p2p"
     if comm_type not in COMM_TYPES:
         raise ValueError(f"cp_comm_type={comm_type!r} is not one of {', '.join(COMM_TYPES)}")

@@ -1,25 +1,4 @@
-"""Grouped GEMM: one matmul per group of rows, the expert computation of a Mixture of Experts.
-
-``x`` holds the tokens of every group one after the other (``sizes[g]`` rows for group g,
-as megatron's token dispatchers lay them out) and group g is multiplied by its own weight:
-``y[rows of g] = x[rows of g] @ W_g`` (``W_g^T`` with ``trans_b``). The weights are one
-stacked tensor ``[G, K, N]`` (``[G, N, K]`` with ``trans_b``; the ``grouped_gemm`` package's
-form, used by megatron's ``GroupedMLP``) or a sequence of G matrices (Transformer Engine's
-``GroupedLinear`` keeps one parameter per group).
-
-* npu: ``torch_npu.npu_grouped_matmul`` from the kernel table, single-tensor mode
-  (``split_item=3``, group sizes as an int64 tensor with ``group_list_type=1``): the forward
-  and the input gradient group the M axis (``group_type=0``, the weight passed transposed for
-  the input gradient), the weight gradient groups the K axis (``group_type=2``, x transposed),
-  which returns the G weight gradients stacked.
-* cpu: a loop over the non-empty groups, each one ``torch.mm`` writing straight into its rows
-  of one preallocated output (no per-group outputs to concatenate, no split of the input); the
-  weight gradients likewise. Empty groups cost nothing and get a zero weight gradient.
-
-``accumulate_wgrad`` serves megatron's ``gradient_accumulation_fusion``: the weight gradients
-are added into each weight's ``main_grad`` (in place, ``addmm_`` on cpu) instead of being
-returned, as Transformer Engine's fused weight-gradient accumulation does.
-"""
+"""Grouped GEMM: one matmul per group of rows, the expert computation of a Mixture of Experts."""
 
 from __future__ import annotations
 
@@ -28,6 +7,8 @@ from typing import Any
 
 import torch
 from torch import Tensor
+
+from ..backend import current_target
 
 __all__ = ["grouped_matmul", "group_sizes"]
 
@@ -60,6 +41,16 @@ def _matrix(weights: tuple[Tensor, ...], g: int) -> Tensor:
 
 
 class _GroupedMatmul(torch.autograd.Function):
+    """npu: ``torch_npu.npu_grouped_matmul`` in single-tensor mode (``split_item=3``, group sizes as an int64
+    tensor with ``group_list_type=1``): the forward and the input gradient group the M axis (``group_type=0``,
+    the weight passed transposed for the input gradient), the weight gradient groups the K axis
+    (``group_type=2``, x transposed), which returns the G weight gradients stacked.
+
+    cpu: a loop over the non-empty groups, each one ``torch.mm`` writing straight into its rows of one
+    preallocated output (no per-group outputs to concatenate, no split of the input); the weight gradients
+    likewise. Empty groups cost nothing and get a zero weight gradient.
+    """
+
     @staticmethod
     def forward(ctx: Any, x: Tensor, sizes: list[int], trans_b: bool, kernel: Any, accumulate: bool,
                 *weights: Tensor) -> Tensor:
@@ -186,12 +177,16 @@ def _group_list(sizes: list[int], x: Tensor) -> Tensor:
 
 
 def grouped_matmul(x: Tensor, weights: Tensor | Sequence[Tensor], sizes: Any, *, trans_b: bool = False,
-                   accumulate_wgrad: bool = False, backend: Any = None) -> Tensor:
+                   accumulate_wgrad: bool = False) -> Tensor:
     """``x[rows of g] @ W_g`` for each group g, differentiable; returns ``[M, N]``.
 
-    ``x`` is ``[M, K]``; ``weights`` a ``[G, K, N]`` tensor or G ``[K, N]`` matrices (``[.., N, K]``
-    with ``trans_b``); ``sizes`` the G group sizes (ints or an integer tensor) summing to M.
-    ``accumulate_wgrad`` adds the weight gradients into each weight's ``main_grad`` instead.
+    ``x`` is ``[M, K]``, the tokens of every group one after the other (``sizes[g]`` rows for group
+    g, as megatron's token dispatchers lay them out); ``weights`` a stacked ``[G, K, N]`` tensor (the
+    ``grouped_gemm`` package's form, megatron's ``GroupedMLP``) or G ``[K, N]`` matrices (TE's
+    ``GroupedLinear`` keeps one parameter per group), ``[.., N, K]`` with ``trans_b``; ``sizes`` the G
+    group sizes (ints or an integer tensor) summing to M. ``accumulate_wgrad`` serves megatron's
+    ``gradient_accumulation_fusion``: the weight gradients are added into each weight's ``main_grad``
+    (in place) instead of being returned, as TE's fused weight-gradient accumulation does.
     """
     ws = (weights,) if isinstance(weights, Tensor) else tuple(weights)
     if isinstance(weights, Tensor) and weights.dim() != 3:
@@ -209,5 +204,5 @@ def grouped_matmul(x: Tensor, weights: Tensor | Sequence[Tensor], sizes: Any, *,
     if any(w.dtype != x.dtype for w in ws):
         raise ValueError(f"grouped matmul: x is {x.dtype} but the weights are {ws[0].dtype}; cast one of them")
     values = group_sizes(sizes, groups, x.shape[0])
-    kernel = backend.kernels.get(KERNEL) if backend is not None else None
+    kernel = current_target().kernels.get(KERNEL)
     return _GroupedMatmul.apply(x, values, trans_b, kernel, accumulate_wgrad, *ws)

@@ -1,16 +1,7 @@
 """apex's ``multi_tensor_applier`` and the ``amp_C`` multi-tensor ops, built on ``torch._foreach_*``.
 
-The ops keep apex's calling convention ``op(chunk_size, noop_flag, tensor_lists, *args)``
-and its overflow-flag semantics: an inf/nan in the checked input sets ``noop_flag``
-to 1 (on the device, without a host sync); it is never silently dropped. The math
-is done in fp32 like apex's kernels (``MATH_T = float``), whatever the storage dtype.
-
-:func:`adam_update` and :func:`sgd_update` are the numeric cores shared with the
-optimizers in :mod:`.optim`. Adam and SGD use torch's fused kernels (``_fused_adam_``,
-``_fused_adamw_``, ``_fused_sgd_``) where they compute exactly apex's update, and a
-foreach fp32 path otherwise. The kernel comes from the backend's kernel table (npu:
-torch's ops, which torch_npu registers for npu tensors; tests inject references there);
-on the cpu target, whose table is empty, torch's own cpu kernels are the implementation.
+The ops keep apex's calling convention ``op(chunk_size, noop_flag, tensor_lists, *args)``, its overflow flag
+(an inf/nan in the checked input sets ``noop_flag`` on the device, never dropped) and its fp32 math.
 """
 
 from __future__ import annotations
@@ -22,6 +13,8 @@ from typing import Any
 
 import torch
 from torch import Tensor
+
+from ..backend import current_target
 
 __all__ = [
     "MultiTensorApply",
@@ -215,14 +208,14 @@ def multi_tensor_axpby(chunk_size: int, noop_flag: Tensor, tensor_lists: list[li
 _FUSED_MISSING: set[tuple[str, Any]] = set()  # (device type, kernel) pairs the target has no fused kernel for
 
 
-def optimizer_kernel(backend: Any, name: str, device: torch.device) -> Any:
+def optimizer_kernel(name: str, device: torch.device) -> Any:
     """torch's fused optimizer kernel ``name`` (``_fused_adam_``, ``_fused_adamw_``, ``_fused_sgd_``) for
     tensors on ``device``, or None (then the foreach path runs).
 
-    The backend's kernel table decides (npu: torch's op, registered by torch_npu for npu tensors);
+    The current target's kernel table decides (npu: torch's op, registered by torch_npu for npu tensors);
     without an entry, host tensors use torch's own cpu kernel, which is the cpu target's implementation.
     """
-    kernel = backend.kernels.get(name) if backend is not None else None
+    kernel = current_target().kernels.get(name)
     if kernel is None and device.type == "cpu":
         kernel = getattr(torch, name, None)
     if kernel is None or (device.type, kernel) in _FUSED_MISSING:
@@ -240,11 +233,10 @@ def _call_fused(kernel: Any, device: torch.device, *args: Any, **kwargs: Any) ->
 
 
 def _fused_adam(work: list[Tensor], grads: list[Tensor], ms: list[Tensor], vs: list[Tensor], *, step: int,
-                lr: float, beta1: float, beta2: float, eps: float, weight_decay: float, adam_w_mode: bool,
-                backend: Any) -> bool:
+                lr: float, beta1: float, beta2: float, eps: float, weight_decay: float, adam_w_mode: bool) -> bool:
     """torch's fused Adam(W) step (it always bias-corrects); False when the target has no kernel."""
     device = work[0].device
-    kernel = optimizer_kernel(backend, "_fused_adamw_" if adam_w_mode else "_fused_adam_", device)
+    kernel = optimizer_kernel("_fused_adamw_" if adam_w_mode else "_fused_adam_", device)
     if kernel is None:
         return False
     # the kernel reads each param's step count (torch.optim increments it before the call)
@@ -286,11 +278,13 @@ def _foreach_adam(work: list[Tensor], grads: list[Tensor], ms: list[Tensor], vs:
 def adam_update(grads: Sequence[Tensor], params: Sequence[Tensor], exp_avgs: Sequence[Tensor],
                 exp_avg_sqs: Sequence[Tensor], *, lr: float, beta1: float, beta2: float, eps: float, step: int,
                 adam_w_mode: bool, bias_correction: bool, weight_decay: float,
-                masters: Sequence[Tensor] | None = None, backend: Any = None) -> None:
+                masters: Sequence[Tensor] | None = None) -> None:
     """One apex/TE Adam step, in place. ``masters`` (fp32 copies) are updated instead and copied to ``params``.
 
     Math in fp32; ``adam_w_mode`` is decoupled decay (AdamW), otherwise decay is added to the gradient.
-    ``backend`` supplies the fused kernel (see :func:`optimizer_kernel`).
+    The numeric core the optimizers of :mod:`.optim` share: torch's fused kernel (``_fused_adam_`` /
+    ``_fused_adamw_``, from the current target, see :func:`optimizer_kernel`) where it computes apex's
+    update exactly, a foreach fp32 path otherwise.
     """
     if not params:
         return
@@ -303,11 +297,11 @@ def adam_update(grads: Sequence[Tensor], params: Sequence[Tensor], exp_avgs: Seq
         if bias_correction and mdt == vdt and wdt.is_floating_point:
             if wdt == mdt:
                 # states stored like the params: torch's fused kernel computes in fp32 and rounds once
-                done = _fused_adam(w, [x.to(wdt) for x in g], m, v, backend=backend, **kwargs)
+                done = _fused_adam(w, [x.to(wdt) for x in g], m, v, **kwargs)
             elif mdt == torch.float32:
                 # half params with fp32 states (apex): update fp32 copies, round into the params
                 w32 = [x.float() for x in w]
-                done = _fused_adam(w32, [x.float() for x in g], m, v, backend=backend, **kwargs)
+                done = _fused_adam(w32, [x.float() for x in g], m, v, **kwargs)
                 if done:
                     torch._foreach_copy_(w, w32)
         if not done:
@@ -318,7 +312,7 @@ def adam_update(grads: Sequence[Tensor], params: Sequence[Tensor], exp_avgs: Seq
 
 def multi_tensor_adam(chunk_size: int, noop_flag: Tensor, tensor_lists: list[list[Tensor]], lr: float,
                       beta1: float, beta2: float, epsilon: float, step: int, mode: int, bias_correction: int,
-                      weight_decay: float, *, backend: Any = None) -> None:
+                      weight_decay: float) -> None:
     """amp_C's ``multi_tensor_adam`` on ``[grads, params, exp_avgs, exp_avg_sqs(, masters)]``.
 
     Like apex's kernel it propagates inf/nan instead of checking the flag (mode 1 = AdamW).
@@ -327,13 +321,12 @@ def multi_tensor_adam(chunk_size: int, noop_flag: Tensor, tensor_lists: list[lis
     g, p, m, v = tensor_lists[:4]
     masters = tensor_lists[4] if len(tensor_lists) == 5 else None
     adam_update(g, p, m, v, lr=lr, beta1=beta1, beta2=beta2, eps=epsilon, step=int(step), adam_w_mode=bool(mode),
-                bias_correction=bool(bias_correction), weight_decay=weight_decay, masters=masters, backend=backend)
+                bias_correction=bool(bias_correction), weight_decay=weight_decay, masters=masters)
 
 
 def multi_tensor_adam_capturable(chunk_size: int, noop_flag: Tensor, tensor_lists: list[list[Tensor]], lr: Tensor,
                                  beta1: float, beta2: float, epsilon: float, step: Tensor, mode: int,
-                                 bias_correction: int, weight_decay: float, inv_scale: Tensor, *,
-                                 backend: Any = None) -> None:
+                                 bias_correction: int, weight_decay: float, inv_scale: Tensor) -> None:
     """amp_C's graph-safe Adam: lr/step/inv_scale as tensors, grads times ``inv_scale``, skipped on a set flag.
 
     (What real apex's FusedAdam(capturable=True) calls; here it reads the tensors on the host.)
@@ -346,8 +339,7 @@ def multi_tensor_adam_capturable(chunk_size: int, noop_flag: Tensor, tensor_list
     grads = list(g) if inv == 1.0 else torch._foreach_mul([t.float() for t in g], inv)
     adam_update(grads, p, m, v, lr=float(lr.reshape(-1)[0]), beta1=beta1, beta2=beta2, eps=epsilon,
                 step=int(step.reshape(-1)[0]), adam_w_mode=bool(mode), bias_correction=bool(bias_correction),
-                weight_decay=weight_decay, masters=tensor_lists[4] if len(tensor_lists) == 5 else None,
-                backend=backend)
+                weight_decay=weight_decay, masters=tensor_lists[4] if len(tensor_lists) == 5 else None)
 
 
 multi_tensor_adam_capturable_master = multi_tensor_adam_capturable  # the 5-list form: [g, p, m, v, fp32 masters]
@@ -356,7 +348,7 @@ multi_tensor_adam_capturable_master = multi_tensor_adam_capturable  # the 5-list
 # -- SGD ----------------------------------------------------------------------------------
 
 def _fused_sgd(grads: list[Tensor], weights: list[Tensor], momentums: list[Tensor], *, wd: float, momentum: float,
-               dampening: float, lr: float, nesterov: bool, first_run: bool, scale: float, backend: Any) -> bool:
+               dampening: float, lr: float, nesterov: bool, first_run: bool, scale: float) -> bool:
     """torch's fused SGD kernel (apex's update when the decay comes before the momentum); False if unusable."""
     same = all(g.dtype == w.dtype == m.dtype and g.device == w.device
                for g, w, m in zip(grads, weights, momentums or weights))
@@ -364,7 +356,7 @@ def _fused_sgd(grads: list[Tensor], weights: list[Tensor], momentums: list[Tenso
     if scale != 1.0 or not same or len({w.device for w in weights}) > 1:
         return False
     device = weights[0].device
-    kernel = optimizer_kernel(backend, "_fused_sgd_", device)
+    kernel = optimizer_kernel("_fused_sgd_", device)
     if kernel is None:
         return False
     return _call_fused(kernel, device, weights, grads, momentums if momentum else [], weight_decay=wd,
@@ -376,18 +368,18 @@ def _fused_sgd(grads: list[Tensor], weights: list[Tensor], momentums: list[Tenso
 def sgd_update(grads: Sequence[Tensor], weights: Sequence[Tensor], momentums: Sequence[Tensor], *, wd: float,
                momentum: float, dampening: float, lr: float, nesterov: bool, first_run: bool,
                wd_after_momentum: bool, scale: float = 1.0,
-               model_weights_out: Sequence[Tensor] | None = None, backend: Any = None) -> None:
+               model_weights_out: Sequence[Tensor] | None = None) -> None:
     """One apex FusedSGD step in fp32 math; ``first_run`` initialises the momentum to the gradient.
 
     The caller's gradients are only read; weights and momentum buffers are updated in place.
-    ``backend`` supplies the fused kernel (see :func:`optimizer_kernel`).
+    The current target supplies the fused kernel (see :func:`optimizer_kernel`).
     """
     if not weights:
         return
     weights, momentums = list(weights), list(momentums)
     if not wd_after_momentum and model_weights_out is None and _fused_sgd(
             list(grads), weights, momentums, wd=wd, momentum=momentum, dampening=dampening, lr=lr,
-            nesterov=nesterov, first_run=first_run, scale=scale, backend=backend):
+            nesterov=nesterov, first_run=first_run, scale=scale):
         return
     w = [t if t.dtype == torch.float32 else t.float() for t in weights]
     d = [t if t.dtype == torch.float32 else t.float() for t in grads]
@@ -417,7 +409,7 @@ def sgd_update(grads: Sequence[Tensor], weights: Sequence[Tensor], momentums: Se
 
 def multi_tensor_sgd(chunk_size: int, noop_flag: Tensor, tensor_lists: list[list[Tensor]], wd: float,
                      momentum: float, dampening: float, lr: float, nesterov: bool, first_run: bool,
-                     wd_after_momentum: bool, scale: float, *, backend: Any = None) -> None:
+                     wd_after_momentum: bool, scale: float) -> None:
     """amp_C's ``multi_tensor_sgd`` on ``[grads, weights, momentums(, fp16 weights out)]``; skipped when the flag is set."""
     _lists(tensor_lists, (3, 4), "multi_tensor_sgd")
     if bool(noop_flag.reshape(-1)[0].item()):
@@ -425,4 +417,4 @@ def multi_tensor_sgd(chunk_size: int, noop_flag: Tensor, tensor_lists: list[list
     out = tensor_lists[3] if len(tensor_lists) == 4 else None
     sgd_update(tensor_lists[0], tensor_lists[1], tensor_lists[2], wd=wd, momentum=momentum, dampening=dampening,
                lr=lr, nesterov=nesterov, first_run=first_run, wd_after_momentum=wd_after_momentum, scale=scale,
-               model_weights_out=out, backend=backend)
+               model_weights_out=out)

@@ -1,21 +1,4 @@
-"""Layer norm and RMS norm on the target: apex.normalization, ``fused_layer_norm_cuda``, megatron's fused norm.
-
-Semantics follow apex's CUDA kernels: statistics in fp32, output in the input's dtype
-(the ``Mixed*`` variants: in the weight's dtype), ``mean``/``invvar`` as flat fp32
-tensors of the leading size. ``memory_efficient`` recomputes the normalised input from
-the output in backward (it changes memory, not results).
-
-* npu: RMS norm calls ``npu_rms_norm`` from the kernel table (its gamma must match the
-  input dtype, so both are cast to their common dtype); layer norm is torch's own
-  ``layer_norm``, which torch_npu implements as a fused kernel.
-* cpu: ``aten._fused_rms_norm`` forward with an fp32 analytic backward (faster than
-  torch's composite RMSNorm here); ``aten.native_layer_norm`` and its backward.
-
-apex's ``nn.Module`` classes and the extension's functions are in :mod:`.norm_apex`.
-
-:func:`rms_norm` and :func:`layer_norm` are the public entry points other adaptors
-(e.g. the Megatron adaptor's norms) should call with their backend.
-"""
+"""Layer norm and RMS norm on the target with apex's CUDA semantics: fp32 statistics, output in the input's dtype."""
 
 from __future__ import annotations
 
@@ -26,6 +9,8 @@ from typing import Any
 import torch
 from torch import Tensor
 from torch.nn import functional as F
+
+from ..backend import current_target
 
 __all__ = [
     "FastLayerNormFN",
@@ -71,17 +56,21 @@ def _common(*dtypes: torch.dtype | None) -> torch.dtype:
     return out
 
 
-def _kernel(backend: Any, name: str) -> Any:
-    return backend.kernels.get(name) if backend is not None else None
+def _rms_kernel() -> Any:
+    return current_target().kernels.get("npu_rms_norm")
 
 
 # -- RMS norm -------------------------------------------------------------------------------
 
 def _rms_forward(x: Tensor, shape: tuple[int, ...], weight: Tensor | None, eps: float, out_dtype: torch.dtype,
-                 backend: Any) -> tuple[Tensor, Tensor]:
-    """(output, rstd with keepdim shape, fp32) without autograd bookkeeping."""
+                 kernel: Any) -> tuple[Tensor, Tensor]:
+    """(output, rstd with keepdim shape, fp32) without autograd bookkeeping; ``kernel``: npu_rms_norm or None.
+
+    npu: its gamma must match the input dtype, so both are cast to their common dtype. cpu:
+    ``aten._fused_rms_norm`` (with the fp32 analytic backward below, faster than torch's composite
+    RMSNorm here).
+    """
     c = _common(x.dtype, weight.dtype if weight is not None else None, out_dtype)
-    kernel = _kernel(backend, "npu_rms_norm")
     if kernel is not None and 2 <= x.dim() <= 8:
         gamma = weight.to(c) if weight is not None else torch.ones(shape, dtype=c, device=x.device)
         y, rstd = kernel(x.to(c), gamma, epsilon=eps)
@@ -109,8 +98,8 @@ def _rms_backward(g: Tensor, x_hat: Tensor, rstd: Tensor, shape: tuple[int, ...]
 class _RMSNormFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: Tensor, weight: Tensor | None, shape: tuple[int, ...], eps: float,
-                out_dtype: torch.dtype, backend: Any) -> Tensor:
-        y, rstd = _rms_forward(x, shape, weight, eps, out_dtype, backend)
+                out_dtype: torch.dtype) -> Tensor:
+        y, rstd = _rms_forward(x, shape, weight, eps, out_dtype, None)
         ctx.save_for_backward(x, weight, rstd)
         ctx.shape = shape
         return y
@@ -120,11 +109,11 @@ class _RMSNormFn(torch.autograd.Function):
         x, weight, rstd = ctx.saved_tensors
         need_w = weight is not None and ctx.needs_input_grad[1]
         dx, dw = _rms_backward(g, x.float() * rstd, rstd, ctx.shape, weight, need_w)
-        return dx.to(x.dtype), None if dw is None else dw.to(weight.dtype), None, None, None, None
+        return dx.to(x.dtype), None if dw is None else dw.to(weight.dtype), None, None, None
 
 
 def rms_norm(x: Tensor, normalized_shape: Shape, weight: Tensor | None = None, eps: float = 1e-6, *,
-             out_dtype: torch.dtype | None = None, backend: Any = None) -> Tensor:
+             out_dtype: torch.dtype | None = None) -> Tensor:
     """RMS norm over the trailing ``normalized_shape`` dims (fp32 statistics), differentiable.
 
     ``out_dtype`` defaults to ``x.dtype`` (apex's fused kernels; pass ``weight.dtype`` for the
@@ -132,20 +121,22 @@ def rms_norm(x: Tensor, normalized_shape: Shape, weight: Tensor | None = None, e
     """
     shape = _shape(normalized_shape)
     out_dtype = out_dtype or x.dtype
-    kernel = _kernel(backend, "npu_rms_norm")
+    kernel = _rms_kernel()
     if kernel is not None and 2 <= x.dim() <= 8:
         # torch_npu gives npu_rms_norm its own backward, so call it under autograd directly
         c = _common(x.dtype, weight.dtype if weight is not None else None, out_dtype)
         gamma = weight.to(c) if weight is not None else torch.ones(shape, dtype=c, device=x.device)
         return kernel(x.to(c), gamma, epsilon=eps)[0].to(out_dtype)
-    return _RMSNormFn.apply(x, weight, shape, float(eps), out_dtype, None)
+    return _RMSNormFn.apply(x, weight, shape, float(eps), out_dtype)
 
 
 # -- layer norm -----------------------------------------------------------------------------
 
 def layer_norm(x: Tensor, normalized_shape: Shape, weight: Tensor | None = None, bias: Tensor | None = None,
-               eps: float = 1e-5, *, out_dtype: torch.dtype | None = None, backend: Any = None) -> Tensor:
+               eps: float = 1e-5, *, out_dtype: torch.dtype | None = None) -> Tensor:
     """Layer norm with fp32 statistics, output in ``out_dtype`` (default ``x.dtype``), differentiable.
+
+    The entry point other adaptors (the Megatron norms, the TE layer) call, with :func:`rms_norm`.
 
     Both targets use torch's native ``layer_norm`` (fused on cpu and, through torch_npu, on npu).
     """
@@ -201,6 +192,9 @@ def _ln_backward(dout: Tensor, x_or_y: Tensor, mean: Tensor | None, rstd: Tensor
 
 
 # -- apex's autograd functions --------------------------------------------------------------
+# apex's CUDA kernels' semantics: statistics in fp32, output in the input's dtype (the Mixed* variants:
+# in the weight's dtype), mean/invvar as flat fp32 tensors of the leading size. memory_efficient
+# recomputes the normalised input from the output in backward (it changes memory, not results).
 
 class FusedLayerNormAffineFunction(torch.autograd.Function):
     """apex's ``FusedLayerNormAffineFunction.apply(input, weight, bias, normalized_shape, eps, memory_efficient)``."""
@@ -370,30 +364,29 @@ def mixed_dtype_fused_layer_norm_affine(input: Tensor, weight: Tensor, bias: Ten
 
 
 def fused_rms_norm_affine(input: Tensor, weight: Tensor, normalized_shape: Shape, eps: float = 1e-6,
-                          memory_efficient: bool = False, *, backend: Any = None) -> Tensor:
+                          memory_efficient: bool = False) -> Tensor:
     """apex's function: RMS norm with a weight, output in the input's dtype."""
     input, weight = _autocast_args((input, weight))
     with torch.autocast(input.device.type, enabled=False):
-        if _kernel(backend, "npu_rms_norm") is not None:
-            return rms_norm(input, normalized_shape, weight, eps, backend=backend)
+        if _rms_kernel() is not None:
+            return rms_norm(input, normalized_shape, weight, eps)
         return FusedRMSNormAffineFunction.apply(input, weight, normalized_shape, eps, memory_efficient)
 
 
-def fused_rms_norm(input: Tensor, normalized_shape: Shape, eps: float = 1e-6, memory_efficient: bool = False, *,
-                   backend: Any = None) -> Tensor:
+def fused_rms_norm(input: Tensor, normalized_shape: Shape, eps: float = 1e-6, memory_efficient: bool = False) -> Tensor:
     """apex's function: RMS norm without a weight."""
     (input,) = _autocast_args((input,))
     with torch.autocast(input.device.type, enabled=False):
-        if _kernel(backend, "npu_rms_norm") is not None:
-            return rms_norm(input, normalized_shape, None, eps, backend=backend)
+        if _rms_kernel() is not None:
+            return rms_norm(input, normalized_shape, None, eps)
         return FusedRMSNormFunction.apply(input, normalized_shape, eps, memory_efficient)
 
 
 def mixed_dtype_fused_rms_norm_affine(input: Tensor, weight: Tensor, normalized_shape: Shape, eps: float = 1e-6,
-                                      memory_efficient: bool = False, *, backend: Any = None) -> Tensor:
+                                      memory_efficient: bool = False) -> Tensor:
     """apex's function: RMS norm with a weight, output in the weight's dtype."""
     input, weight = _autocast_args((input, weight))
     with torch.autocast(input.device.type, enabled=False):
-        if _kernel(backend, "npu_rms_norm") is not None:
-            return rms_norm(input, normalized_shape, weight, eps, out_dtype=weight.dtype, backend=backend)
+        if _rms_kernel() is not None:
+            return rms_norm(input, normalized_shape, weight, eps, out_dtype=weight.dtype)
         return FusedRMSNormAffineMixedDtypesFunction.apply(input, weight, normalized_shape, eps, memory_efficient)

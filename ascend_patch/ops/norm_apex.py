@@ -1,10 +1,4 @@
-"""apex's norm modules and the ``fused_layer_norm_cuda`` extension's functions, on :mod:`.norm`'s ops.
-
-``FusedLayerNorm`` / ``FusedRMSNorm`` / ``MixedFused*`` (``apex.normalization``),
-``FastLayerNorm`` (``apex.contrib.layer_norm``) and :func:`cuda_module_functions`, the
-extension's ``forward_affine`` / ``backward_affine`` / ``rms_*`` with apex's flat fp32
-``mean`` / ``invvar``.
-"""
+"""apex's norm modules (``apex.normalization``, ``apex.contrib.layer_norm``) on :mod:`.norm`'s ops."""
 
 from __future__ import annotations
 
@@ -18,12 +12,7 @@ from .norm import (
     FastLayerNormFN,
     Shape,
     _autocast_args,
-    _ln_backward,
-    _ln_forward,
-    _rms_backward,
-    _rms_forward,
     _shape,
-    _stats_view,
     fused_layer_norm,
     fused_layer_norm_affine,
     fused_rms_norm,
@@ -38,7 +27,6 @@ __all__ = [
     "FusedRMSNorm",
     "MixedFusedLayerNorm",
     "MixedFusedRMSNorm",
-    "cuda_module_functions",
 ]
 
 
@@ -46,8 +34,6 @@ __all__ = [
 
 class FusedLayerNorm(torch.nn.Module):
     """``apex.normalization.FusedLayerNorm(normalized_shape, eps=1e-5, elementwise_affine=True, memory_efficient=False)``."""
-
-    backend: Any = None  # the shim binds its target here
 
     def __init__(self, normalized_shape: Shape, eps: float = 1e-5, elementwise_affine: bool = True,
                  memory_efficient: bool = False) -> None:
@@ -82,17 +68,12 @@ class FusedLayerNorm(torch.nn.Module):
 class FusedRMSNorm(torch.nn.Module):
     """``apex.normalization.FusedRMSNorm(normalized_shape, eps=1e-5, elementwise_affine=True, memory_efficient=False)``.
 
-    ``backend=`` selects the target's kernel (the shim binds it); state dict key ``weight``
-    like ``torch.nn.RMSNorm``.
+    ``npu_rms_norm`` where the current target has it; state dict key ``weight`` like ``torch.nn.RMSNorm``.
     """
 
-    backend: Any = None
-
     def __init__(self, normalized_shape: Shape, eps: float = 1e-5, elementwise_affine: bool = True,
-                 memory_efficient: bool = False, *, backend: Any = None) -> None:
+                 memory_efficient: bool = False) -> None:
         super().__init__()
-        if backend is not None:
-            self.backend = backend
         self.normalized_shape = torch.Size(_shape(normalized_shape))
         self.eps = eps
         self.elementwise_affine = elementwise_affine
@@ -109,9 +90,8 @@ class FusedRMSNorm(torch.nn.Module):
 
     def forward(self, input: Tensor) -> Tensor:
         if self.elementwise_affine:
-            return fused_rms_norm_affine(input, self.weight, self.normalized_shape, self.eps, self.memory_efficient,
-                                         backend=self.backend)
-        return fused_rms_norm(input, self.normalized_shape, self.eps, self.memory_efficient, backend=self.backend)
+            return fused_rms_norm_affine(input, self.weight, self.normalized_shape, self.eps, self.memory_efficient)
+        return fused_rms_norm(input, self.normalized_shape, self.eps, self.memory_efficient)
 
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
@@ -153,7 +133,7 @@ class MixedFusedRMSNorm(FusedRMSNorm):
 
     def forward(self, input: Tensor) -> Tensor:
         return mixed_dtype_fused_rms_norm_affine(input, self.weight, self.normalized_shape, self.eps,
-                                                 self.memory_efficient, backend=self.backend)
+                                                 self.memory_efficient)
 
 
 class FastLayerNorm(torch.nn.Module):
@@ -175,72 +155,3 @@ class FastLayerNorm(torch.nn.Module):
         x, w, b = _autocast_args((x, self.weight, self.bias))
         with torch.autocast(x.device.type, enabled=False):
             return FastLayerNormFN.apply(x, w, b, self.epsilon, self.memory_efficient)
-
-
-# -- the fused_layer_norm_cuda extension's functions ----------------------------------------
-
-def cuda_module_functions(backend: Any = None) -> dict[str, Any]:
-    """``fused_layer_norm_cuda``'s functions (``forward_affine`` -> (out, mean, invvar), ...), bound to ``backend``."""
-
-    def flat(t: Tensor) -> Tensor:
-        return t.reshape(-1)
-
-    def forward_affine(input: Tensor, normalized_shape: Shape, gamma: Tensor, beta: Tensor,
-                       epsilon: float) -> list[Tensor]:
-        out, mean, rstd = _ln_forward(input, _shape(normalized_shape), gamma, beta, epsilon, input.dtype)
-        return [out, flat(mean), flat(rstd)]
-
-    def forward_affine_mixed_dtypes(input: Tensor, normalized_shape: Shape, gamma: Tensor, beta: Tensor,
-                                    epsilon: float) -> list[Tensor]:
-        out, mean, rstd = _ln_forward(input, _shape(normalized_shape), gamma, beta, epsilon, gamma.dtype)
-        return [out, flat(mean), flat(rstd)]
-
-    def forward(input: Tensor, normalized_shape: Shape, epsilon: float) -> list[Tensor]:
-        out, mean, rstd = _ln_forward(input, _shape(normalized_shape), None, None, epsilon, input.dtype)
-        return [out, flat(mean), flat(rstd)]
-
-    def backward_affine(dout: Tensor, mean: Tensor | None, invvar: Tensor, input_or_output: Tensor,
-                        normalized_shape: Shape, gamma: Tensor, beta: Tensor, epsilon: float,
-                        memory_efficient: bool = False) -> list[Tensor]:
-        dx, dw, db = _ln_backward(dout, input_or_output, mean, invvar, _shape(normalized_shape), gamma, beta,
-                                  memory_efficient, (True, True, True))
-        return [dx, dw, db]
-
-    def backward(dout: Tensor, mean: Tensor | None, invvar: Tensor, input_or_output: Tensor,
-                 normalized_shape: Shape, epsilon: float, memory_efficient: bool = False) -> Tensor:
-        return _ln_backward(dout, input_or_output, mean, invvar, _shape(normalized_shape), None, None,
-                            memory_efficient, (True, False, False))[0]
-
-    def rms_forward_affine(input: Tensor, normalized_shape: Shape, gamma: Tensor, epsilon: float) -> list[Tensor]:
-        out, rstd = _rms_forward(input, _shape(normalized_shape), gamma, epsilon, input.dtype, backend)
-        return [out, flat(rstd)]
-
-    def rms_forward_affine_mixed_dtypes(input: Tensor, normalized_shape: Shape, gamma: Tensor,
-                                        epsilon: float) -> list[Tensor]:
-        out, rstd = _rms_forward(input, _shape(normalized_shape), gamma, epsilon, gamma.dtype, backend)
-        return [out, flat(rstd)]
-
-    def rms_forward(input: Tensor, normalized_shape: Shape, epsilon: float) -> list[Tensor]:
-        out, rstd = _rms_forward(input, _shape(normalized_shape), None, epsilon, input.dtype, backend)
-        return [out, flat(rstd)]
-
-    def rms_backward_affine(dout: Tensor, invvar: Tensor, input_or_output: Tensor, normalized_shape: Shape,
-                            gamma: Tensor, epsilon: float, memory_efficient: bool = False) -> list[Tensor]:
-        shape = _shape(normalized_shape)
-        rstd = _stats_view(input_or_output, shape, invvar.reshape(-1)).float()
-        x = input_or_output.float()
-        x_hat = x / gamma.float() if memory_efficient else x * rstd
-        dx, dw = _rms_backward(dout, x_hat, rstd, shape, gamma, True)
-        return [dx.to(input_or_output.dtype), dw.to(gamma.dtype)]
-
-    def rms_backward(dout: Tensor, invvar: Tensor, input_or_output: Tensor, normalized_shape: Shape,
-                     epsilon: float, memory_efficient: bool = False) -> Tensor:
-        shape = _shape(normalized_shape)
-        rstd = _stats_view(input_or_output, shape, invvar.reshape(-1)).float()
-        x = input_or_output.float()
-        dx, _ = _rms_backward(dout, x if memory_efficient else x * rstd, rstd, shape, None, False)
-        return dx.to(input_or_output.dtype)
-
-    return {f.__name__: f for f in (forward_affine, forward_affine_mixed_dtypes, forward, backward_affine, backward,
-                                     rms_forward_affine, rms_forward_affine_mixed_dtypes, rms_forward,
-                                     rms_backward_affine, rms_backward)}

@@ -1,22 +1,4 @@
-"""apex / Transformer Engine fused optimizers on the target, and ``torch.optim`` ``fused=True`` where it is missing.
-
-* :class:`ApexFusedAdam` - ``apex.optimizers.FusedAdam``: per-group int ``step``, fp32
-  ``exp_avg``/``exp_avg_sq`` whatever the param dtype, ``adam_w_mode`` (decoupled decay)
-  or L2 mode, ``bias_correction``, ``set_grad_none``. ``amsgrad`` is refused like apex;
-  ``capturable`` (CUDA graphs) is refused with what to use instead, and with it
-  ``master_weights`` (apex allows it only together with ``capturable``).
-* :class:`ApexFusedSGD` - ``apex.optimizers.FusedSGD`` (``wd_after_momentum``, apex's
-  first-run momentum initialisation, ``most_recent_scale``).
-* :class:`TEFusedAdam` / :class:`TEFusedSGD` - ``transformer_engine.pytorch.optimizers``:
-  fp32 master weights, fp32/bf16 moment dtypes, ``use_decoupled_grad``; state dicts hold
-  fp32 states like TE's.
-
-The update itself is :func:`.multi_tensor.adam_update` / :func:`.multi_tensor.sgd_update`:
-torch's fused Adam / SGD kernel where it computes apex's update exactly, a foreach fp32 path
-otherwise. The kernel comes from the backend's kernel table (npu: torch's ops, which torch_npu
-registers for npu tensors), or is torch's own cpu kernel on the cpu target; each class takes
-``backend=`` (the shims bind their target, like the norm modules).
-"""
+"""apex / Transformer Engine fused optimizers on the target, and ``torch.optim`` ``fused=True`` where it is missing."""
 
 from __future__ import annotations
 
@@ -30,6 +12,7 @@ import torch
 from torch import Tensor
 from torch.optim.optimizer import required  # type: ignore[attr-defined]
 
+from ..unsupported import UnsupportedOption
 from .multi_tensor import adam_update, sgd_update
 
 __all__ = [
@@ -44,8 +27,8 @@ __all__ = [
 _SUPPORTED = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-def _capturable_refused(cls: str) -> NotImplementedError:
-    return NotImplementedError(
+def _capturable_refused(cls: str) -> UnsupportedOption:
+    return UnsupportedOption(
         f"{cls}(capturable=True) is for CUDA-graph capture, which ascend_patch's target does not "
         "provide; use capturable=False (the update is identical)")
 
@@ -63,16 +46,20 @@ def _check_dtype(p: Tensor, cls: str) -> None:
 
 
 class ApexFusedAdam(torch.optim.Optimizer):
-    """``apex.optimizers.FusedAdam`` (a drop-in for ``torch.optim.AdamW``, or ``Adam`` with ``adam_w_mode=False``)."""
+    """``apex.optimizers.FusedAdam`` (a drop-in for ``torch.optim.AdamW``, or ``Adam`` with ``adam_w_mode=False``).
 
-    backend: Any = None  # the shim binds its target here
+    Per-group int ``step``, fp32 ``exp_avg``/``exp_avg_sq`` whatever the param dtype, ``adam_w_mode``
+    (decoupled decay) or L2 mode, ``bias_correction``, ``set_grad_none``. ``amsgrad`` is refused like
+    apex; ``capturable`` (CUDA graphs) is refused with what to use instead, and with it ``master_weights``
+    (apex allows it only together with ``capturable``). The update is :func:`.multi_tensor.adam_update`:
+    torch's fused kernel from the current target's table, read at each step (npu: torch's op, which
+    torch_npu registers for npu tensors), or torch's own cpu kernel on the cpu target.
+    """
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, bias_correction: bool = True,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, adam_w_mode: bool = True,
                  weight_decay: float = 0.0, amsgrad: bool = False, set_grad_none: bool = True,
-                 capturable: bool = False, master_weights: bool = False, *, backend: Any = None) -> None:
-        if backend is not None:
-            self.backend = backend
+                 capturable: bool = False, master_weights: bool = False) -> None:
         if amsgrad:
             raise RuntimeError("FusedAdam does not support the AMSGrad variant; use torch.optim.Adam(amsgrad=True)")
         if master_weights and not capturable:
@@ -136,22 +123,22 @@ class ApexFusedAdam(torch.optim.Optimizer):
             beta1, beta2 = group["betas"]
             adam_update(g, p, m, v, lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"], step=group["step"],
                         adam_w_mode=bool(self.adam_w_mode), bias_correction=bool(group["bias_correction"]),
-                        weight_decay=group["weight_decay"], backend=self.backend)
+                        weight_decay=group["weight_decay"])
         return loss
 
 
 class ApexFusedSGD(torch.optim.Optimizer):
-    """``apex.optimizers.FusedSGD``: torch SGD's update, plus ``wd_after_momentum`` and amp's grad scale."""
+    """``apex.optimizers.FusedSGD``: torch SGD's update, plus ``wd_after_momentum`` and amp's grad scale.
+
+    apex's first-run momentum initialisation and ``most_recent_scale``; the update is
+    :func:`.multi_tensor.sgd_update` (torch's fused kernel where it computes apex's update).
+    """
 
     _name = "apex.optimizers.FusedSGD"
-    backend: Any = None  # the shim binds its target here
 
     def __init__(self, params: Iterable[Any], lr: Any = required, momentum: float = 0.0, dampening: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False, wd_after_momentum: bool = False,
-                 materialize_master_grads: bool = True, set_grad_none: bool = False, *,
-                 backend: Any = None) -> None:
-        if backend is not None:
-            self.backend = backend
+                 materialize_master_grads: bool = True, set_grad_none: bool = False) -> None:
         if lr is not required and lr < 0.0:
             raise ValueError(f"Invalid learning rate: {lr}")
         if momentum < 0.0:
@@ -201,7 +188,7 @@ class ApexFusedSGD(torch.optim.Optimizer):
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """One SGD step per dtype set of each group."""
         if hasattr(self, "_amp_stash"):
-            raise NotImplementedError(f"{self._name} with apex.amp master params is not supported: apex.amp is not "
+            raise UnsupportedOption(f"{self._name} with apex.amp master params is not supported: apex.amp is not "
                                       "provided on this target; use torch.amp (autocast + GradScaler)")
         loss = _run_closure(closure)
         for group in self.param_groups:
@@ -213,7 +200,7 @@ class ApexFusedSGD(torch.optim.Optimizer):
                 sgd_update([p.grad for p in params], params, momentums, wd=group["weight_decay"],
                            momentum=group["momentum"], dampening=group["dampening"], lr=group["lr"],
                            nesterov=group["nesterov"], first_run=first_run, wd_after_momentum=self.wd_after_momentum,
-                           scale=1.0 / self.most_recent_scale, backend=self.backend)
+                           scale=1.0 / self.most_recent_scale)
             for p in group["params"]:
                 if p.grad is not None:
                     _check_dtype(p, self._name)
@@ -229,19 +216,19 @@ class TEFusedSGD(ApexFusedSGD):
 
     def __init__(self, params: Iterable[Any], lr: Any = required, momentum: float = 0.0, dampening: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False, *, wd_after_momentum: bool = False,
-                 materialize_master_grads: bool = True, set_grad_none: bool | None = None,
-                 backend: Any = None) -> None:
+                 materialize_master_grads: bool = True, set_grad_none: bool | None = None) -> None:
         if set_grad_none is not None:
             warnings.warn("set_grad_none kwarg in FusedSGD constructor is deprecated. "
                           "Use set_to_none kwarg in zero_grad instead.", DeprecationWarning, stacklevel=2)
         super().__init__(params, lr, momentum, dampening, weight_decay, nesterov, wd_after_momentum,
-                         materialize_master_grads, bool(set_grad_none), backend=backend)
+                         materialize_master_grads, bool(set_grad_none))
 
 
 class TEFusedAdam(torch.optim.Optimizer):
-    """``transformer_engine.pytorch.optimizers.FusedAdam`` with fp32 master weights and fp32/bf16 moments."""
+    """``transformer_engine.pytorch.optimizers.FusedAdam`` with fp32 master weights and fp32/bf16 moments.
 
-    backend: Any = None  # the shim binds its target here
+    ``use_decoupled_grad`` too; state dicts hold fp32 states like TE's.
+    """
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0, amsgrad: bool = False, *,
@@ -249,23 +236,21 @@ class TEFusedAdam(torch.optim.Optimizer):
                  master_weights: bool = False, master_weight_dtype: torch.dtype = torch.float32,
                  exp_avg_dtype: torch.dtype = torch.float32, exp_avg_sq_dtype: torch.dtype = torch.float32,
                  use_decoupled_grad: bool = False, store_param_remainders: bool = False,
-                 set_grad_none: bool | None = None, backend: Any = None) -> None:
-        if backend is not None:
-            self.backend = backend
+                 set_grad_none: bool | None = None) -> None:
         name = "transformer_engine.pytorch.optimizers.FusedAdam"
         if amsgrad:
             raise RuntimeError("FusedAdam does not support the AMSGrad variant; use torch.optim.Adam(amsgrad=True)")
         if capturable:
             raise _capturable_refused(name)
         if master_weights and master_weight_dtype != torch.float32:
-            raise NotImplementedError(f"{name}: master_weight_dtype={master_weight_dtype} (scaled fp16 master "
+            raise UnsupportedOption(f"{name}: master_weight_dtype={master_weight_dtype} (scaled fp16 master "
                                       "weights) is not supported here; use master_weight_dtype=torch.float32")
         for label, dt in (("exp_avg_dtype", exp_avg_dtype), ("exp_avg_sq_dtype", exp_avg_sq_dtype)):
             if dt not in (torch.float32, torch.bfloat16):
-                raise NotImplementedError(f"{name}: {label}={dt} (scaled fp16/fp8 moments) is not supported here; "
+                raise UnsupportedOption(f"{name}: {label}={dt} (scaled fp16/fp8 moments) is not supported here; "
                                           "use torch.float32 or torch.bfloat16")
         if store_param_remainders and master_weights:
-            raise NotImplementedError(f"{name}: store_param_remainders=True (bf16 params + int16 remainders) is not "
+            raise UnsupportedOption(f"{name}: store_param_remainders=True (bf16 params + int16 remainders) is not "
                                       "supported here; it only saves memory, use store_param_remainders=False")
         defaults = {"lr": lr, "bias_correction": bias_correction, "betas": betas, "eps": eps,
                     "weight_decay": weight_decay}
@@ -396,7 +381,7 @@ class TEFusedAdam(torch.optim.Optimizer):
             beta1, beta2 = group["betas"]
             common = dict(lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"], step=group["step"],
                           adam_w_mode=bool(self.adam_w_mode), bias_correction=bool(group["bias_correction"]),
-                          weight_decay=group["weight_decay"], backend=self.backend)
+                          weight_decay=group["weight_decay"])
             if half[0]:
                 adam_update(*half[:4], masters=half[4] if self.master_weights else None, **common)
             if full[0]:

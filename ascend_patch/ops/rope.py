@@ -1,30 +1,17 @@
-"""Rotary position embeddings: flash-attn's ``apply_rotary_emb`` and megatron-core's fused RoPE.
-
-Both compute ``x * cos + rotate(x) * sin`` on the first ``rotary_dim`` channels (the rest
-pass through), rotate-half (GPT-NeoX) or interleaved (GPT-J) pairs, in fp32 like the
-fused kernels, output in the input dtype.
-
-* npu: ``npu_rotary_mul(x, r1=cos, r2=sin, rotary_mode='half'|'interleave')`` where its
-  documented limits hold (4-D input, head dim even and < 896, fewer than 1000 batch x
-  heads, cos/sin broadcast as 1S1D/S11D, or BS1D/SB1D in half mode);
-* cpu (and npu outside those limits): torch.
-
-Public functions for other adaptors: :func:`apply_rotary_emb` (flash-attn's (b, s, h, d)
-layout), :func:`fused_rope_sbhd` and :func:`fused_rope_thd` (megatron's (s, b, h, d) and
-packed (t, h, d) layouts, freqs in radians as megatron's RotaryEmbedding returns them).
-"""
+"""Rotary position embeddings on the target: flash-attn's ``apply_rotary_emb`` and megatron-core's fused RoPE."""
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from ..backend import current_target
+
 __all__ = [
     "apply_rotary_emb",
+    "apply_rotary_emb_torch",
     "fused_rope_sbhd",
     "fused_rope_thd",
     "rotate_half",
@@ -92,6 +79,8 @@ def _expand(half: Tensor, interleaved: bool) -> Tensor:
 
 
 def _npu_ok(x: Tensor, rd: int, interleaved: bool, r1_batched: bool) -> bool:
+    """``npu_rotary_mul``'s documented limits: 4-D input, head dim even and < 896, fewer than 1000 batch x heads,
+    cos/sin broadcast as 1S1D/S11D, or BS1D/SB1D in half mode; outside them torch runs."""
     if x.dim() != 4 or rd % 2 or rd >= 896:
         return False
     b, n = (x.shape[0], x.shape[2])
@@ -113,8 +102,26 @@ def _gather(table: Tensor, pos: Tensor, fill: float) -> Tensor:
 
 def apply_rotary_emb(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = False, inplace: bool = False,
                      seqlen_offsets: int | Tensor = 0, cu_seqlens: Tensor | None = None,
-                     max_seqlen: int | None = None, *, backend: Any = None) -> Tensor:
-    """flash-attn's ``apply_rotary_emb``: x (b, s, h, d), or (total, h, d) with ``cu_seqlens``; cos/sin (s_ro, rd/2)."""
+                     max_seqlen: int | None = None) -> Tensor:
+    """flash-attn's ``apply_rotary_emb``: x (b, s, h, d), or (total, h, d) with ``cu_seqlens``; cos/sin (s_ro, rd/2).
+
+    As every function here: ``x * cos + rotate(x) * sin`` on the first ``rotary_dim`` channels (the rest
+    pass through), rotate-half (GPT-NeoX) or interleaved (GPT-J) pairs, in fp32 like the fused kernels,
+    output in the input dtype; ``npu_rotary_mul(x, r1=cos, r2=sin, rotary_mode='half'|'interleave')``
+    within its limits (:func:`_npu_ok`), else torch.
+    """
+    return _apply_rotary_emb(current_target().kernels.get("npu_rotary_mul"), x, cos, sin, interleaved, inplace,
+                             seqlen_offsets, cu_seqlens)
+
+
+def apply_rotary_emb_torch(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = False) -> Tensor:
+    """flash-attn's pure-torch reference ``apply_rotary_emb_torch``: x (b, s, h, d), cos/sin (s, rd/2); torch
+    on every target."""
+    return _apply_rotary_emb(None, x, cos, sin, interleaved, False, 0, None)
+
+
+def _apply_rotary_emb(kernel: Any, x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, inplace: bool,
+                      seqlen_offsets: int | Tensor, cu_seqlens: Tensor | None) -> Tensor:
     if cos.shape != sin.shape or cos.dim() != 2:
         raise ValueError(f"apply_rotary_emb: cos and sin must both be (seqlen_rotary, rotary_dim / 2), "
                          f"got {tuple(cos.shape)} and {tuple(sin.shape)}")
@@ -151,7 +158,6 @@ def apply_rotary_emb(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = Fa
             pos = pos + int(seqlen_offsets)
         c, sn = _gather(cos, pos, 1.0)[None, :, None], _gather(sin, pos, 0.0)[None, :, None]
         view = x.unsqueeze(0)
-    kernel = backend.kernels.get("npu_rotary_mul") if backend is not None else None
     rot = view[..., :rd]
     if kernel is not None and _npu_ok(view, rd, interleaved, tensor_offsets and cu_seqlens is None):
         out_rot = kernel(rot, _expand(c, interleaved).to(x.dtype), _expand(sn, interleaved).to(x.dtype),
@@ -171,13 +177,14 @@ def apply_rotary_emb(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = Fa
     return out_rot if rd == x.shape[-1] else torch.cat((out_rot, x[..., rd:]), dim=-1)
 
 
-def fused_rope_sbhd(t: Tensor, freqs: Tensor, interleaved: bool = False, *, backend: Any = None) -> Tensor:
-    """megatron/TE fused RoPE: t (s, b, h, d), freqs (s, 1 or b, 1, rd) angles; first rd channels rotated."""
+def fused_rope_sbhd(t: Tensor, freqs: Tensor, interleaved: bool = False) -> Tensor:
+    """megatron/TE fused RoPE: t (s, b, h, d), freqs (s, 1 or b, 1, rd) angles in radians, as megatron's
+    RotaryEmbedding returns them; first rd channels rotated."""
     rd = freqs.shape[-1]
     if rd > t.shape[-1]:
         raise ValueError(f"fused RoPE: rotary dim {rd} is larger than the head dim {t.shape[-1]}")
     rot = t[..., :rd]
-    kernel = backend.kernels.get("npu_rotary_mul") if backend is not None else None
+    kernel = current_target().kernels.get("npu_rotary_mul")
     md = _math_dtype(t)
     if kernel is not None and _npu_ok(t, rd, interleaved, freqs.dim() == 4 and freqs.shape[1] > 1):
         cos_, sin_ = torch.cos(freqs.to(md)), torch.sin(freqs.to(md))
@@ -215,7 +222,7 @@ def thd_positions(cu_seqlens: Tensor, cp_size: int = 1, cp_rank: int = 0) -> Ten
 
 
 def fused_rope_thd(t: Tensor, cu_seqlens: Tensor, freqs: Tensor, cp_size: int = 1, cp_rank: int = 0,
-                   interleaved: bool = False, *, backend: Any = None) -> Tensor:
+                   interleaved: bool = False) -> Tensor:
     """Fused RoPE for packed sequences: t (total, h, d), freqs (max_s, 1, 1, rd); positions restart per sequence."""
     pos = thd_positions(cu_seqlens, cp_size, cp_rank)
     if pos.numel() != t.shape[0]:
@@ -223,4 +230,4 @@ def fused_rope_thd(t: Tensor, cu_seqlens: Tensor, freqs: Tensor, cp_size: int = 
                          f"{t.shape[0]}")
     if pos.numel() and int(pos.max()) >= freqs.shape[0]:
         raise ValueError(f"fused RoPE (thd): positions reach {int(pos.max())} but freqs has {freqs.shape[0]} rows")
-    return fused_rope_sbhd(t.unsqueeze(1), freqs[pos.to(freqs.device)], interleaved, backend=backend).squeeze(1)
+    return fused_rope_sbhd(t.unsqueeze(1), freqs[pos.to(freqs.device)], interleaved).squeeze(1)

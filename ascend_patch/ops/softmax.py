@@ -1,31 +1,22 @@
-"""Fused scale-mask-softmax (the CUDA ``scaled_masked_softmax`` kernels' semantics) on the target.
-
-Scale, mask (True = masked out, filled with -10000) or the causal upper triangle, softmax in
-fp32, a fully masked row gives zeros, output in the input dtype:
-
-* npu: ``npu_scaled_masked_softmax(x, mask, scale, fixed_triu_mask=False)`` where its
-  documented shape limits hold (last two dims in [32, 4096], multiples of 32);
-* cpu: the same computation in torch.
-
-:func:`scaled_masked_softmax` is the public entry point for other adaptors.
-"""
+"""Fused scale-mask-softmax on the target, with the CUDA ``scaled_masked_softmax`` kernels' semantics."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
+
+from ..backend import current_target
 
 __all__ = ["npu_softmax_shape_ok", "scaled_masked_softmax", "softmax_kernel"]
 
 _MASK_VALUE = -10000.0
 
 
-def softmax_kernel(backend: Any) -> Any:
+def softmax_kernel() -> Any:
     """The target's fused softmax kernel, or None (the torch path)."""
-    return backend.kernels.get("npu_scaled_masked_softmax") if backend is not None else None
+    return current_target().kernels.get("npu_scaled_masked_softmax")
 
 
 _TRIANGLES: dict[tuple[int, int, str], Tensor] = {}
@@ -46,15 +37,19 @@ def npu_softmax_shape_ok(sq: int, sk: int) -> bool:
     return all(32 <= n <= 4096 and n % 32 == 0 for n in (sq, sk))
 
 
-def scaled_masked_softmax(x: Tensor, mask: Tensor | None, scale: float = 1.0, *, causal: bool = False,
-                          backend: Any = None) -> Tensor:
-    """``softmax(x * scale)`` over the last dim with ``mask`` (True = masked) and/or the causal triangle."""
+def scaled_masked_softmax(x: Tensor, mask: Tensor | None, scale: float = 1.0, *, causal: bool = False) -> Tensor:
+    """``softmax(x * scale)`` over the last dim with ``mask`` (True = masked) and/or the causal triangle.
+
+    The CUDA kernels' semantics: masked scores filled with -10000, softmax in fp32, a fully masked row
+    gives zeros, output in the input dtype. npu: ``npu_scaled_masked_softmax(x, mask, scale,
+    fixed_triu_mask=False)`` within its shape limits (:func:`npu_softmax_shape_ok`), else torch.
+    """
     sq, sk = x.shape[-2], x.shape[-1]
     can_be_empty = mask is not None  # a causal row always keeps its diagonal
     if causal:
         tri = _upper_triangle(sq, sk, x.device)
         mask = tri if mask is None else (mask.bool() | tri)
-    kernel = softmax_kernel(backend)
+    kernel = softmax_kernel()
     if kernel is not None and x.dim() == 4 and npu_softmax_shape_ok(sq, sk):
         m = mask.bool() if mask is not None else torch.zeros(1, 1, sq, sk, dtype=torch.bool, device=x.device)
         while m.dim() < 4:

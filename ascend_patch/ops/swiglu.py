@@ -1,27 +1,14 @@
-"""SwiGLU, bias-SwiGLU and bias-GeLU: megatron-core's fused activations on the target.
-
-megatron-core builds these with ``jit_fuser`` (``torch.compile`` on torch >= 2.2), which
-on a host means a C++ compiler and seconds of compilation per process. Here:
-
-* npu: ``npu_swiglu`` from the kernel table (torch_npu gives it a backward);
-* cpu: an autograd function with megatron's exact forward and analytic backward
-  (including ``fp8_input_store``: the input kept for backward as float8_e4m3fn, and
-  ``cpu_offload_input``: the saved tensors tagged ``activation_offloading``);
-* bias-GeLU: torch's tanh-approximated ``gelu`` (the same formula megatron's
-  ``bias_gelu`` hand-writes, with its exact derivative), on both targets.
-
-Public functions for other adaptors: :func:`swiglu`, :func:`bias_swiglu`, :func:`bias_gelu`;
-:func:`megatron_bias_swiglu_impl` / :func:`megatron_bias_gelu_impl` carry megatron's signatures.
-"""
+"""SwiGLU, bias-SwiGLU and bias-GeLU, megatron-core's fused activations, on the target without ``torch.compile``."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
 from torch.nn import functional as F
+
+from ..backend import current_target
 
 __all__ = [
     "bias_gelu",
@@ -30,11 +17,16 @@ __all__ = [
 ]
 
 
-def _kernel(backend: Any) -> Any:
-    return backend.kernels.get("npu_swiglu") if backend is not None else None
+def _kernel() -> Any:
+    return current_target().kernels.get("npu_swiglu")
 
 
 class _BiasSwiGLUFn(torch.autograd.Function):
+    """megatron's exact forward and an analytic backward, eager: megatron builds these with ``jit_fuser``
+    (``torch.compile``), which on a host means a C++ compiler and seconds of compilation per process.
+    ``fp8_input_store`` keeps the input for backward as float8_e4m3fn; ``cpu_offload_input`` tags the
+    saved tensors ``activation_offloading``."""
+
     @staticmethod
     def forward(ctx: Any, input: Tensor, bias: Tensor | None, fp8_input_store: bool,
                 cpu_offload_input: bool) -> Tensor:
@@ -74,9 +66,9 @@ class _BiasSwiGLUFn(torch.autograd.Function):
         return grad, (grad if ctx.has_bias else None), None, None
 
 
-def swiglu(x: Tensor, dim: int = -1, *, backend: Any = None) -> Tensor:
+def swiglu(x: Tensor, dim: int = -1) -> Tensor:
     """``silu(first half) * second half`` of ``x`` along ``dim``, differentiable."""
-    kernel = _kernel(backend)
+    kernel = _kernel()
     if kernel is not None:
         return kernel(x, dim=dim)
     if dim not in (-1, x.dim() - 1):
@@ -86,14 +78,22 @@ def swiglu(x: Tensor, dim: int = -1, *, backend: Any = None) -> Tensor:
 
 
 def bias_swiglu(input: Tensor, bias: Tensor | None, fp8_input_store: bool = False,
-                cpu_offload_input: bool = False, *, backend: Any = None) -> Tensor:
-    """``swiglu(input + bias)`` over the last dim with megatron's memory options."""
-    kernel = _kernel(backend)
+                cpu_offload_input: bool = False) -> Tensor:
+    """``swiglu(input + bias)`` over the last dim with megatron's memory options.
+
+    ``npu_swiglu`` (torch_npu gives it a backward) where the current target has it, unless a memory option
+    asks for :class:`_BiasSwiGLUFn`.
+    """
+    kernel = _kernel()
     if kernel is not None and not fp8_input_store and not cpu_offload_input:
         return kernel(input if bias is None else input + bias, dim=-1)
     return _BiasSwiGLUFn.apply(input, bias, fp8_input_store, cpu_offload_input)
 
 
-def bias_gelu(input: Tensor, bias: Tensor | None, *, backend: Any = None) -> Tensor:
-    """Tanh-approximated GeLU of ``input + bias`` (megatron's ``bias_gelu``), differentiable."""
+def bias_gelu(input: Tensor, bias: Tensor | None) -> Tensor:
+    """Tanh-approximated GeLU of ``input + bias`` (megatron's ``bias_gelu``), differentiable.
+
+    torch's ``gelu(approximate="tanh")``: the formula megatron's ``bias_gelu`` hand-writes, with its exact
+    derivative, on both targets.
+    """
     return F.gelu(input if bias is None else input + bias, approximate="tanh")

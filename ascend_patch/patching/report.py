@@ -11,6 +11,8 @@ from typing import TextIO
 
 from ..backend import Backend
 from ..config import Settings
+from ..patch import ModuleShim
+from ..shim import ShimBuilder, ShimTable, is_shim, table_rows
 from ..usage import ApiUse
 from .manager import PatchManager, PatchStatus, manager
 from .versions import versions_seen
@@ -90,6 +92,24 @@ class Report:
                 "it most likely took its CPU path. Check how it picks its device (a --cpu/--no-cuda flag, "
                 "torch.backends.mps, an environment variable) or run it with --report all.")
 
+    def shim_tables(self) -> dict[str, ShimTable]:
+        """Each shimmed package's declaration (top-level name -> table), from this apply's shim patches."""
+        tables: dict[str, ShimTable] = {}
+        for status in self.statuses:
+            patch = status.patch
+            if isinstance(patch, ModuleShim) and isinstance(patch.make, ShimBuilder):
+                tables.setdefault(patch.target.split(".")[0], patch.make.table)
+        return tables
+
+    def shim_table(self) -> str:
+        """Per shim module: each name it provides and what that maps to; served now, or the real package used."""
+        state = {s.patch.target: _shim_state(s) for s in self.statuses if isinstance(s.patch, ModuleShim)}
+        rows = [[module, name, target, state.get(module, "")] for table in self.shim_tables().values()
+                for module, name, target in table_rows(table)]
+        declared = {row[0] for row in rows}
+        rows += [[name, "", "(no table declared)", shown] for name, shown in state.items() if name not in declared]
+        return _table(["shim module", "name", "maps to", "state"], rows, {2: 120})
+
     def summary(self) -> str:
         if self.target is None:
             return f"ascend_patch: not active ({self.reason})"
@@ -106,6 +126,18 @@ class Report:
         if self.reporting:
             parts += ["", self.usage_table()]
         return "\n".join(parts)
+
+
+def _shim_state(status: PatchStatus) -> str:
+    name = status.patch.target
+    if status.state == "applied":
+        shown = "imported now" if is_shim(sys.modules.get(name)) else "served on import"
+        hidden = getattr(status.patch, "hidden_from", ())
+        more = f" and {len(hidden) - 1} more" if len(hidden) > 1 else ""
+        return shown + (f" (not to {hidden[0]}{more})" if hidden else "")
+    if status.state == "skipped" and "installed" in status.detail:
+        return "real package installed"
+    return status.state
 
 
 def build_report(manager: PatchManager) -> Report:

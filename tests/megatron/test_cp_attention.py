@@ -9,10 +9,17 @@ import os
 import pytest
 import torch
 
-from ascend_patch.backend import KernelTable
+from ascend_patch.backend import KernelTable, cpu_backend, using_target
 from ascend_patch.models.attention import attend
 
 from mcore_run import mcore_world  # noqa: F401  (fixture)
+
+
+def _with_kernel(kernel):
+    """A target whose kernel table holds ``kernel`` as npu_fusion_attention (made active with using_target)."""
+    target = cpu_backend("tests: an npu_fusion_attention reference")
+    target.kernels = KernelTable({"npu_fusion_attention": kernel})
+    return target
 
 
 def explicit_attention(q, k, v, causal, scale):
@@ -79,7 +86,8 @@ def test_attend_npu_path_translation(sq, sk, causal):
 
     torch.manual_seed(1)
     q, k, v = torch.randn(2, sq, 4, 8), torch.randn(2, sk, 2, 8), torch.randn(2, sk, 2, 8)
-    got = attend(q, k, v, causal, 0.25, kernels=KernelTable({"npu_fusion_attention": kernel}))
+    with using_target(_with_kernel(kernel)):
+        got = attend(q, k, v, causal, 0.25)
     torch.testing.assert_close(got, explicit_attention(q, k, v, causal, 0.25), rtol=1e-5, atol=1e-6)
     (head_num, layout), kwargs = calls[0]
     assert (head_num, layout) == (4, "BSND") and kwargs["scale"] == 0.25 and kwargs["keep_prob"] == 1.0
@@ -188,9 +196,11 @@ def test_attend_outside_the_kernels_limits_falls_back_to_torch(h, hk, d):
     torch.manual_seed(2)
     q, k, v = torch.randn(1, 6, h, d), torch.randn(1, 6, hk, d), torch.randn(1, 6, hk, d)
     assert not attention_npu.npu_supports(q, k)
-    got = attend(q, k, v, True, 0.1, kernels=KernelTable({"npu_fusion_attention": kernel}))
+    with using_target(_with_kernel(kernel)):
+        got = attend(q, k, v, True, 0.1)
     assert calls == []
     torch.testing.assert_close(got, explicit_attention(q, k, v, True, 0.1), rtol=1e-5, atol=1e-5)
     inside = q[:, :, :4, :64], k[:, :, :2, :64], v[:, :, :2, :64]
-    attend(*inside, True, 0.1, kernels=KernelTable({"npu_fusion_attention": kernel}))
+    with using_target(_with_kernel(kernel)):
+        attend(*inside, True, 0.1)
     assert calls == [1]  # the same call within the limits goes to the kernel

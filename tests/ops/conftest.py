@@ -1,4 +1,4 @@
-"""Fixtures for the ops tests: a cpu backend whose kernel table tests can fill with reference kernels."""
+"""Fixtures for the ops tests: an active cpu target whose kernel table tests fill with reference kernels."""
 
 from __future__ import annotations
 
@@ -18,10 +18,12 @@ def child_env(**extra: str) -> dict[str, str]:
 
 
 @pytest.fixture
-def cpu_backend():
-    from ascend_patch.backend import cpu_backend
+def target():
+    """A cpu target made the active one for the test: ops read it, tests inject reference kernels into its table."""
+    from ascend_patch.backend import cpu_backend, using_target
 
-    return cpu_backend("tests")
+    with using_target(cpu_backend("tests")) as active:
+        yield active
 
 
 @pytest.fixture

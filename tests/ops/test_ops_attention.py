@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from ascend_patch.ops import attention as A
+from ascend_patch.unsupported import UnsupportedOption
 from npu_references import CallLog, reference_npu_fusion_attention
 
 # fp32 against a float64 reference; bf16 inputs against the float64 reference on the same (rounded) inputs
@@ -183,6 +184,7 @@ def test_unsupported_options_are_refused_by_name(kwargs, match):
     with pytest.raises(NotImplementedError, match=match) as info:
         A.flash_attn_func(q, q, q, **kwargs)
     assert "flash_attn.flash_attn_func" in str(info.value)
+    assert isinstance(info.value, UnsupportedOption)  # the package's error (a command prints its message)
 
 
 def test_shape_errors_say_what_is_wrong():
@@ -218,12 +220,12 @@ def test_kvcache_decoding_appends_in_place_and_attends(seeded):
     (10, 24, 2, 2, True, (5, -1), 4, 5, 0),            # causal window, sq != sk
     (16, 16, 2, 2, False, (-1, 4), 4, 2147483647, 4),
 ])
-def test_npu_translation_reproduces_flash_attn(cpu_backend, seeded, sq, sk, h, hk, causal, window, mode, pre, nxt):
+def test_npu_translation_reproduces_flash_attn(target, seeded, sq, sk, h, hk, causal, window, mode, pre, nxt):
     q, k, v = rand(2, sq, h, 16), rand(2, sk, hk, 16), rand(2, sk, hk, 16)
     log = CallLog(reference_npu_fusion_attention)
-    with cpu_backend.kernels.override(npu_fusion_attention=log):
+    with target.kernels.override(npu_fusion_attention=log):
         out, lse, _ = A.flash_attn_func(q, k, v, softmax_scale=0.2, causal=causal, window_size=window,
-                                        return_attn_probs=True, backend=cpu_backend)
+                                        return_attn_probs=True)
     (call,) = log.calls
     assert call["args"][3:] == (h, "BSND")  # head_num = query heads, layout BSND
     assert (call["sparse_mode"], call["pre_tockens"], call["next_tockens"]) == (mode, pre, nxt)
@@ -236,15 +238,14 @@ def test_npu_translation_reproduces_flash_attn(cpu_backend, seeded, sq, sk, h, h
 
 
 @pytest.mark.parametrize("causal,window,mode", [(False, (-1, -1), 0), (True, (-1, -1), 3), (False, (2, 1), 4)])
-def test_npu_varlen_translation_uses_tnd_and_cumulative_lengths(cpu_backend, seeded, causal, window, mode):
+def test_npu_varlen_translation_uses_tnd_and_cumulative_lengths(target, seeded, causal, window, mode):
     lq, lk = [3, 6, 2], [3, 8, 5]
     q, cu_q = _pack(lq, 4, 16, torch.float32)
     k, cu_k = _pack(lk, 2, 16, torch.float32)
     v, _ = _pack(lk, 2, 16, torch.float32)
     log = CallLog(reference_npu_fusion_attention)
-    with cpu_backend.kernels.override(npu_fusion_attention=log):
-        out = A.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 6, 8, dropout_p=0.0, causal=causal, window_size=window,
-                                       backend=cpu_backend)
+    with target.kernels.override(npu_fusion_attention=log):
+        out = A.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 6, 8, dropout_p=0.0, causal=causal, window_size=window)
     (call,) = log.calls
     assert call["args"][3:] == (4, "TND") and call["sparse_mode"] == mode
     assert call["actual_seq_qlen"] == [3, 9, 11] and call["actual_seq_kvlen"] == [3, 11, 16]  # no leading 0
@@ -252,7 +253,7 @@ def test_npu_varlen_translation_uses_tnd_and_cumulative_lengths(cpu_backend, see
     torch.testing.assert_close(out, expected, atol=2e-5, rtol=2e-5)
 
 
-def test_npu_dropout_is_passed_as_keep_prob_and_lse_is_refused_for_varlen(cpu_backend):
+def test_npu_dropout_is_passed_as_keep_prob_and_lse_is_refused_for_varlen(target):
     q = torch.randn(1, 8, 2, 16)
     seen = []
 
@@ -260,20 +261,19 @@ def test_npu_dropout_is_passed_as_keep_prob_and_lse_is_refused_for_varlen(cpu_ba
         seen.append(kwargs["keep_prob"])
         return (args[0].clone(),) + (None,) * 6
 
-    with cpu_backend.kernels.override(npu_fusion_attention=recording_kernel):
-        A.flash_attn_func(q, q, q, dropout_p=0.1, backend=cpu_backend)
+    with target.kernels.override(npu_fusion_attention=recording_kernel):
+        A.flash_attn_func(q, q, q, dropout_p=0.1)
         assert seen == [pytest.approx(0.9)]
         packed, cu = _pack([3, 5], 2, 16, torch.float32)
         with pytest.raises(NotImplementedError, match="return_attn_probs=True"):
-            A.flash_attn_varlen_func(packed, packed, packed, cu, cu, 5, 5, return_attn_probs=True,
-                                     backend=cpu_backend)
+            A.flash_attn_varlen_func(packed, packed, packed, cu, cu, 5, 5, return_attn_probs=True)
 
 
-def test_npu_limits_fall_back_to_torch(cpu_backend, seeded):
+def test_npu_limits_fall_back_to_torch(target, seeded):
     q = torch.randn(1, 4, 2, 1024)  # head dim 1024 > the kernel's 768
     called = []
-    with cpu_backend.kernels.override(npu_fusion_attention=lambda *a, **k: called.append(1)):
-        out = A.flash_attn_func(q, q, q, backend=cpu_backend)
+    with target.kernels.override(npu_fusion_attention=lambda *a, **k: called.append(1)):
+        out = A.flash_attn_func(q, q, q)
     assert not called
     torch.testing.assert_close(out.double(), explicit_attention(q, q, q)[0], atol=2e-5, rtol=2e-5)
 
@@ -317,25 +317,28 @@ def test_cpu_backward_is_deterministic(seeded, sq, sk, causal, window, dtype):
         torch.set_num_threads(threads)
 
 
-def test_npu_deterministic_needs_torch_npus_deterministic_mode(cpu_backend, seeded):
+def test_npu_deterministic_needs_torch_npus_deterministic_mode(target, seeded):
     """npu_fusion_attention has no deterministic flag: deterministic=True warns unless the mode is on."""
     import warnings
+
+    from ascend_patch.backend import cpu_backend, using_target
 
     q = torch.randn(1, 8, 2, 16)
     packed, cu = _pack([3, 5], 2, 16, torch.float32)
     was = torch.are_deterministic_algorithms_enabled()
-    with cpu_backend.kernels.override(npu_fusion_attention=CallLog(reference_npu_fusion_attention)):
+    with target.kernels.override(npu_fusion_attention=CallLog(reference_npu_fusion_attention)):
         try:
             torch.use_deterministic_algorithms(False)
             with pytest.warns(UserWarning, match=r"torch.use_deterministic_algorithms\(True\)"):
-                A.flash_attn_func(q, q, q, deterministic=True, backend=cpu_backend)
+                A.flash_attn_func(q, q, q, deterministic=True)
             with pytest.warns(UserWarning, match="flash_attn_varlen_func\\(deterministic=True\\)"):
-                A.flash_attn_varlen_func(packed, packed, packed, cu, cu, 5, 5, deterministic=True, backend=cpu_backend)
+                A.flash_attn_varlen_func(packed, packed, packed, cu, cu, 5, 5, deterministic=True)
             with warnings.catch_warnings():
                 warnings.simplefilter("error")
-                A.flash_attn_func(q, q, q, deterministic=False, backend=cpu_backend)
-                A.flash_attn_func(q, q, q, deterministic=True)  # the cpu path: deterministic already
+                A.flash_attn_func(q, q, q, deterministic=False)
+                with using_target(cpu_backend("tests: no kernels")):
+                    A.flash_attn_func(q, q, q, deterministic=True)  # the cpu path: deterministic already
                 torch.use_deterministic_algorithms(True)
-                A.flash_attn_func(q, q, q, deterministic=True, backend=cpu_backend)
+                A.flash_attn_func(q, q, q, deterministic=True)
         finally:
             torch.use_deterministic_algorithms(was)

@@ -9,6 +9,7 @@ also on the npu path (reference kernels in the kernel table, as the hccl target 
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import pytest
@@ -113,6 +114,7 @@ def _cp_worker(rank, world, port, out_dir):
 
     import ascend_patch
     from ascend_patch.config import Settings
+    from ascend_patch.backend import cpu_backend, using_target
     from ascend_patch.ops.context_parallel import context_parallel_attention, load_balanced_chunks
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -127,13 +129,15 @@ def _cp_worker(rank, world, port, out_dir):
         full = {"q": torch.randn(b, s, h, d), "k": torch.randn(b, s, g, d), "v": torch.randn(b, s, g, d),
                 "dout": torch.randn(b, s, h, d)}
         results = {}
-        # the npu path: reference kernels of npu_fusion_attention(_grad) in the kernel table
-        npu = KernelTable({"npu_fusion_attention": reference_npu_fusion_attention,
-                           "npu_fusion_attention_grad": reference_npu_fusion_attention_grad})
+        # the npu path: reference kernels of npu_fusion_attention(_grad) in the kernel table of a target that
+        # is made the active one for those runs (outside them, the applied cpu target: no kernels)
+        npu = cpu_backend("tests: the npu_fusion_attention(_grad) references")
+        npu.kernels = KernelTable({"npu_fusion_attention": reference_npu_fusion_attention,
+                                   "npu_fusion_attention_grad": reference_npu_fusion_attention_grad})
         runs = [("p2p", "cp4", 4, None), ("all_gather", "cp4", 4, None), ("a2a", "cp4", 4, None),
                 ("a2a+p2p", "cp4", 4, None), ("p2p", "cp2", 2, None), ("p2p", "cp4", 4, npu),
                 ("a2a+p2p", "cp4", 4, npu)]
-        for comm, name, size, kernels in runs:
+        for comm, name, size, target in runs:
             for causal in (True, False):
                 if rank >= size:
                     continue
@@ -144,10 +148,11 @@ def _cp_worker(rank, world, port, out_dir):
                 mine = load_balanced_chunks(rank, size)
                 local = {n: torch.cat([c[mine[0]], c[mine[1]]], 1).clone() for n, c in chunks.items()}
                 leaves = [local[n].requires_grad_(True) for n in "qkv"]
-                out = context_parallel_attention(*leaves, comm_type=comm, group=group, causal=causal, scale=0.3,
-                                                 kernels=kernels, global_ranks=list(range(size)))
-                out.backward(local["dout"])
-                key = (comm, size, causal, "npu" if kernels else "cpu")
+                with using_target(target) if target is not None else contextlib.nullcontext():
+                    out = context_parallel_attention(*leaves, comm_type=comm, group=group, causal=causal, scale=0.3,
+                                                     global_ranks=list(range(size)))
+                    out.backward(local["dout"])
+                key = (comm, size, causal, "npu" if target is not None else "cpu")
                 results[key] = {"out": out.detach(), **{f"d{n}": t.grad for n, t in zip("qkv", leaves)}}
         torch.save({"results": results, "full": full}, os.path.join(out_dir, f"rank{rank}.pt"))
         dist.destroy_process_group()

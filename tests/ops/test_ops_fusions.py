@@ -26,7 +26,7 @@ def ref_tanh_gelu(x):
 @pytest.mark.parametrize("shape", [(6, 16), (3, 2, 16)])
 @pytest.mark.parametrize("with_bias", [True, False])
 def test_bias_swiglu_impl_values_and_grads(seeded, shape, with_bias):
-    impl = F.megatron_bias_swiglu_impl(None)
+    impl = F.bias_swiglu_impl
     x = torch.randn(*shape, requires_grad=True)
     bias = torch.randn(16, requires_grad=True) if with_bias else None
     out = impl(x, bias)
@@ -70,7 +70,7 @@ def test_cpu_offload_input_tags_the_saved_input(seeded, fp8_input_store, with_bi
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = F.megatron_bias_swiglu_impl(None)(x, bias, fp8_input_store, True)
+        out = F.bias_swiglu_impl(x, bias, fp8_input_store, True)
     tagged = [t for t in packed if getattr(t, "activation_offloading", False)]
     inputs = [t for t in tagged if t.shape == x.shape]
     assert len(inputs) == 1
@@ -83,14 +83,14 @@ def test_cpu_offload_input_tags_the_saved_input(seeded, fp8_input_store, with_bi
         assert bias.activation_offloading is True
     plain = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: plain.append(t) or t, lambda t: t):
-        F.megatron_bias_swiglu_impl(None)(torch.randn(4, 16, requires_grad=True), None, fp8_input_store, False)
+        F.bias_swiglu_impl(torch.randn(4, 16, requires_grad=True), None, fp8_input_store, False)
     assert plain and not any(getattr(t, "activation_offloading", False) for t in plain)
     out.sum().backward()
     assert x.grad is not None
 
 
 def test_bias_gelu_impl_is_megatrons_tanh_gelu(seeded):
-    impl = F.megatron_bias_gelu_impl(None)
+    impl = F.bias_gelu_impl
     x, bias = torch.randn(5, 12, requires_grad=True), torch.randn(12, requires_grad=True)
     out = impl(x, bias)
     torch.testing.assert_close(out.double(), ref_tanh_gelu(x + bias), atol=1e-6, rtol=1e-6)
@@ -102,12 +102,12 @@ def test_bias_gelu_impl_is_megatrons_tanh_gelu(seeded):
         torch.testing.assert_close(a.double(), b, atol=1e-5, rtol=1e-5)
 
 
-def test_npu_swiglu_translation(cpu_backend, seeded):
+def test_npu_swiglu_translation(target, seeded):
     log = CallLog(reference_npu_swiglu)
     x, bias = torch.randn(2, 3, 16), torch.randn(16)
-    with cpu_backend.kernels.override(npu_swiglu=log):
-        out = F.megatron_bias_swiglu_impl(cpu_backend)(x, bias)
-        kept = W.bias_swiglu(x.view(-1, 16), bias, fp8_input_store=True, backend=cpu_backend)  # needs our autograd
+    with target.kernels.override(npu_swiglu=log):
+        out = F.bias_swiglu_impl(x, bias)
+        kept = W.bias_swiglu(x.view(-1, 16), bias, fp8_input_store=True)  # needs our autograd
     assert len(log.calls) == 1 and log.calls[0]["dim"] == -1
     torch.testing.assert_close(out.double(), ref_swiglu(x + bias), atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(kept.double(), ref_swiglu(x.view(-1, 16) + bias), atol=1e-6, rtol=1e-6)
@@ -166,15 +166,15 @@ class Cfg:
     attn_mask_type = type("T", (), {"name": "padding"})()
 
 
-def test_npu_scaled_masked_softmax_translation(cpu_backend, seeded):
+def test_npu_scaled_masked_softmax_translation(target, seeded):
     log = CallLog(reference_npu_scaled_masked_softmax)
     x = torch.randn(2, 2, 32, 64)
     mask = torch.rand(2, 1, 32, 64) < 0.2
-    with cpu_backend.kernels.override(npu_scaled_masked_softmax=log):
-        out = S.scaled_masked_softmax(x, mask, 0.5, backend=cpu_backend)
-        causal = S.scaled_masked_softmax(torch.randn(1, 2, 64, 64), None, 1.0, causal=True, backend=cpu_backend)
-        small = S.scaled_masked_softmax(torch.randn(1, 1, 8, 8), None, 1.0, backend=cpu_backend)  # under 32: torch
-        is_avail = F.megatron_is_kernel_available(cpu_backend)
+    with target.kernels.override(npu_scaled_masked_softmax=log):
+        out = S.scaled_masked_softmax(x, mask, 0.5)
+        causal = S.scaled_masked_softmax(torch.randn(1, 2, 64, 64), None, 1.0, causal=True)
+        small = S.scaled_masked_softmax(torch.randn(1, 1, 8, 8), None, 1.0)  # under 32: torch
+        is_avail = F.is_kernel_available
         answers = (is_avail(Cfg(), None, 1, 1, 64, 64), is_avail(Cfg(), None, 1, 1, 48, 64))
     assert answers == (True, False)  # the documented 32..4096, multiple-of-32 limits
     assert is_avail(Cfg(), None, 1, 1, 48, 64)  # the kernel looked up at call time: cpu takes any shape

@@ -130,12 +130,12 @@ def test_errors_say_what_is_wrong():
 @pytest.mark.parametrize("stacked", [True, False])
 @pytest.mark.parametrize("trans_b", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_npu_translation(cpu_backend, seeded, stacked, trans_b, dtype):
+def test_npu_translation(target, seeded, stacked, trans_b, dtype):
     log = CallLog(reference_npu_grouped_matmul)
     x, weights, mats, params = make(stacked, trans_b, dtype)
     tol = 1e-5 if dtype == torch.float32 else 3e-2
-    with cpu_backend.kernels.override(npu_grouped_matmul=log):
-        out = G.grouped_matmul(x, weights, torch.tensor(SIZES), trans_b=trans_b, backend=cpu_backend)
+    with target.kernels.override(npu_grouped_matmul=log):
+        out = G.grouped_matmul(x, weights, torch.tensor(SIZES), trans_b=trans_b)
         torch.testing.assert_close(out.double(), ref(x, mats, SIZES, trans_b), atol=tol, rtol=tol)
         grads_against_reference(x, weights, mats, params, trans_b, out, 1e-5 if dtype == torch.float32 else 1e-1)
     forward, dgrad, wgrad = log.calls
@@ -149,11 +149,11 @@ def test_npu_translation(cpu_backend, seeded, stacked, trans_b, dtype):
     assert wgrad["args"][0][0].shape == ((6, 9) if trans_b else (8, 9))
 
 
-def test_npu_wgrad_accumulation(cpu_backend, seeded):
+def test_npu_wgrad_accumulation(target, seeded):
     x, w, mats, _ = make(True, False)
     w.main_grad = torch.zeros_like(w)
-    with cpu_backend.kernels.override(npu_grouped_matmul=reference_npu_grouped_matmul):
-        out = G.grouped_matmul(x, w, SIZES, accumulate_wgrad=True, backend=cpu_backend)
+    with target.kernels.override(npu_grouped_matmul=reference_npu_grouped_matmul):
+        out = G.grouped_matmul(x, w, SIZES, accumulate_wgrad=True)
         g = torch.randn_like(out)
         out.backward(g)
     w64 = w.detach().double().requires_grad_()

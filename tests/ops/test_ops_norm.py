@@ -101,7 +101,9 @@ def test_autocast_casts_like_apex(seeded):
 
 
 def test_fused_layer_norm_cuda_functions(seeded):
-    fns = NA.cuda_module_functions()
+    from ascend_patch.ops import norm_cuda
+
+    fns = {name: getattr(norm_cuda, name) for name in norm_cuda.__all__}  # fused_layer_norm_cuda's functions
     x = torch.randn(6, 10).bfloat16()
     w, b = torch.rand(10) + 0.5, torch.randn(10)
     out, mean, invvar = fns["forward_affine"](x, [10], w, b, 1e-5)
@@ -143,14 +145,14 @@ def test_megatron_style_affine_function_signature():
 
 @pytest.mark.parametrize("x_dtype,w_dtype", [(torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32),
                                              (torch.float32, torch.float32)])
-def test_npu_rms_norm_translation(cpu_backend, seeded, x_dtype, w_dtype):
+def test_npu_rms_norm_translation(target, seeded, x_dtype, w_dtype):
     log = CallLog(reference_npu_rms_norm)
     x = torch.randn(2, 3, 16).to(x_dtype)
     w = (torch.rand(16) + 0.5).to(w_dtype)
-    with cpu_backend.kernels.override(npu_rms_norm=log):
-        out = N.rms_norm(x, 16, w, 1e-6, backend=cpu_backend)
-        mixed = N.rms_norm(x, 16, w, 1e-6, out_dtype=w_dtype, backend=cpu_backend)
-        module = NA.FusedRMSNorm(16, eps=1e-6, backend=cpu_backend).to(w_dtype)
+    with target.kernels.override(npu_rms_norm=log):
+        out = N.rms_norm(x, 16, w, 1e-6)
+        mixed = N.rms_norm(x, 16, w, 1e-6, out_dtype=w_dtype)
+        module = NA.FusedRMSNorm(16, eps=1e-6).to(w_dtype)
         module(x)
     assert len(log.calls) == 3 and all(c["epsilon"] == 1e-6 for c in log.calls)
     assert out.dtype == x_dtype and mixed.dtype == w_dtype

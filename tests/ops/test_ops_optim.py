@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from ascend_patch.ops import optim as O
+from ascend_patch.unsupported import UnsupportedOption
 from textbook import textbook_adam, textbook_sgd
 
 STEPS = 10
@@ -93,8 +94,9 @@ def test_apex_fused_adam_refusals_and_zero_grad():
         O.ApexFusedAdam(p, amsgrad=True)
     with pytest.raises(RuntimeError, match="Master weights is currently only supported with the capturable"):
         O.ApexFusedAdam(p, master_weights=True)
-    with pytest.raises(NotImplementedError, match=r"capturable=True\) is for CUDA-graph capture.*capturable=False"):
+    with pytest.raises(NotImplementedError, match=r"capturable=True\) is for CUDA-graph capture.*capturable=False") as info:
         O.ApexFusedAdam(p, capturable=True)
+    assert isinstance(info.value, UnsupportedOption)
     opt = O.ApexFusedAdam(p)
     with pytest.raises(RuntimeError, match="call step\\(\\) with no arguments"):
         opt.step(scale=1.0)

@@ -46,14 +46,14 @@ def _refuse_torch_kernels(monkeypatch):
 
 @pytest.mark.parametrize("adam_w_mode", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_apex_fused_adam_npu_translation(cpu_backend, monkeypatch, adam_w_mode, dtype):
+def test_apex_fused_adam_npu_translation(target, monkeypatch, adam_w_mode, dtype):
     _refuse_torch_kernels(monkeypatch)
     name = "_fused_adamw_" if adam_w_mode else "_fused_adam_"
     log = CallLog(reference_fused_adamw if adam_w_mode else reference_fused_adam)
     params, grads = make(dtype)
     hp = dict(lr=1e-2, betas=(0.9, 0.99), eps=1e-6)
-    with cpu_backend.kernels.override(**{name: log}):
-        opt = O.ApexFusedAdam(params, adam_w_mode=adam_w_mode, weight_decay=0.1, backend=cpu_backend, **hp)
+    with target.kernels.override(**{name: log}):
+        opt = O.ApexFusedAdam(params, adam_w_mode=adam_w_mode, weight_decay=0.1, **hp)
         run(opt, params, grads)
     store = None if dtype == torch.float32 else dtype
     ref_p, ref_m, ref_v = textbook_adam([p.detach() for p in make(dtype)[0]], grads, wd=0.1, decoupled=adam_w_mode,
@@ -74,13 +74,13 @@ def test_apex_fused_adam_npu_translation(cpu_backend, monkeypatch, adam_w_mode, 
         assert {t.dtype for t in call["args"][0]} == {torch.float32}
 
 
-def test_no_bias_correction_takes_the_foreach_path(cpu_backend, monkeypatch):
+def test_no_bias_correction_takes_the_foreach_path(target, monkeypatch):
     """torch's fused kernels always bias-correct: bias_correction=False must not call them."""
     _refuse_torch_kernels(monkeypatch)
     log = CallLog(reference_fused_adamw)
     params, grads = make()
-    with cpu_backend.kernels.override(_fused_adamw_=log):
-        opt = O.ApexFusedAdam(params, lr=1e-2, bias_correction=False, weight_decay=0.1, backend=cpu_backend)
+    with target.kernels.override(_fused_adamw_=log):
+        opt = O.ApexFusedAdam(params, lr=1e-2, bias_correction=False, weight_decay=0.1)
         run(opt, params, grads)
     ref_p, _, _ = textbook_adam([p.detach() for p in make()[0]], grads, lr=1e-2, betas=(0.9, 0.999), eps=1e-8,
                                 wd=0.1, decoupled=True, bias_correction=False)
@@ -89,12 +89,12 @@ def test_no_bias_correction_takes_the_foreach_path(cpu_backend, monkeypatch):
         torch.testing.assert_close(p.detach().double(), rp, atol=2e-6, rtol=1e-5)
 
 
-def test_te_fused_adam_master_weights_npu_translation(cpu_backend, monkeypatch):
+def test_te_fused_adam_master_weights_npu_translation(target, monkeypatch):
     _refuse_torch_kernels(monkeypatch)
     log = CallLog(reference_fused_adamw)
     params, grads = make(torch.bfloat16)
-    with cpu_backend.kernels.override(_fused_adamw_=log):
-        opt = O.TEFusedAdam(params, lr=1e-2, weight_decay=0.1, master_weights=True, backend=cpu_backend)
+    with target.kernels.override(_fused_adamw_=log):
+        opt = O.TEFusedAdam(params, lr=1e-2, weight_decay=0.1, master_weights=True)
         run(opt, params, grads)
     ref_p, _, _ = textbook_adam([p.detach() for p in make(torch.bfloat16)[0]], grads, lr=1e-2, betas=(0.9, 0.999),
                                 eps=1e-8, wd=0.1, decoupled=True)
@@ -107,13 +107,13 @@ def test_te_fused_adam_master_weights_npu_translation(cpu_backend, monkeypatch):
 
 
 @pytest.mark.parametrize("momentum,dampening,nesterov", [(0.0, 0.0, False), (0.9, 0.1, False), (0.9, 0.0, True)])
-def test_apex_fused_sgd_npu_translation(cpu_backend, monkeypatch, momentum, dampening, nesterov):
+def test_apex_fused_sgd_npu_translation(target, monkeypatch, momentum, dampening, nesterov):
     _refuse_torch_kernels(monkeypatch)
     log = CallLog(reference_fused_sgd)
     params, grads = make()
-    with cpu_backend.kernels.override(_fused_sgd_=log):
+    with target.kernels.override(_fused_sgd_=log):
         opt = O.ApexFusedSGD(params, lr=0.05, momentum=momentum, dampening=dampening, weight_decay=0.01,
-                             nesterov=nesterov, backend=cpu_backend)
+                             nesterov=nesterov)
         run(opt, params, grads)
     ref = textbook_sgd([p.detach() for p in make()[0]], grads, lr=0.05, momentum=momentum, dampening=dampening,
                        wd=0.01, nesterov=nesterov)
@@ -128,18 +128,17 @@ def test_apex_fused_sgd_npu_translation(cpu_backend, monkeypatch, momentum, damp
         assert call["nesterov"] is nesterov and call["grad_scale"] is None and call["found_inf"] is None
 
 
-def test_amp_scale_and_wd_after_momentum_stay_off_the_kernel(cpu_backend, monkeypatch):
+def test_amp_scale_and_wd_after_momentum_stay_off_the_kernel(target, monkeypatch):
     """torch's SGD kernel unscales grads in place and decays before the momentum: apex differs in both."""
     _refuse_torch_kernels(monkeypatch)
     log = CallLog(reference_fused_sgd)
     params, grads = make()
-    with cpu_backend.kernels.override(_fused_sgd_=log):
-        opt = O.ApexFusedSGD(params, lr=0.05, momentum=0.9, weight_decay=0.01, wd_after_momentum=True,
-                             backend=cpu_backend)
+    with target.kernels.override(_fused_sgd_=log):
+        opt = O.ApexFusedSGD(params, lr=0.05, momentum=0.9, weight_decay=0.01, wd_after_momentum=True)
         run(opt, params, grads)
         w, g, m = [torch.ones(3)], [torch.full((3,), 2.0)], [torch.zeros(3)]
         MT.multi_tensor_sgd(2048, torch.zeros(1, dtype=torch.int), [g, w, m], 0.0, 0.9, 0.0, 0.1, False, True,
-                            False, 0.5, backend=cpu_backend)
+                            False, 0.5)
     assert log.calls == []
     ref = textbook_sgd([p.detach() for p in make()[0]], grads, lr=0.05, momentum=0.9, dampening=0.0, wd=0.01,
                        nesterov=False, wd_after_momentum=True)
@@ -148,12 +147,12 @@ def test_amp_scale_and_wd_after_momentum_stay_off_the_kernel(cpu_backend, monkey
     assert torch.equal(g[0], torch.full((3,), 2.0)) and torch.allclose(w[0], torch.full((3,), 0.9))
 
 
-def test_without_a_kernel_on_a_device_the_foreach_path_runs(cpu_backend, monkeypatch):
+def test_without_a_kernel_on_a_device_the_foreach_path_runs(target, monkeypatch):
     """A table without the kernel on a non-host device: no fused call, textbook values (foreach path)."""
     _refuse_torch_kernels(monkeypatch)
     params, grads = make()
-    monkeypatch.setattr(MT, "optimizer_kernel", lambda backend, name, device: None)
-    opt = O.ApexFusedAdam(params, lr=1e-2, weight_decay=0.1, backend=cpu_backend)
+    monkeypatch.setattr(MT, "optimizer_kernel", lambda name, device: None)
+    opt = O.ApexFusedAdam(params, lr=1e-2, weight_decay=0.1)
     run(opt, params, grads)
     ref_p, _, _ = textbook_adam([p.detach() for p in make()[0]], grads, lr=1e-2, betas=(0.9, 0.999), eps=1e-8,
                                 wd=0.1, decoupled=True)
@@ -161,17 +160,17 @@ def test_without_a_kernel_on_a_device_the_foreach_path_runs(cpu_backend, monkeyp
         torch.testing.assert_close(p.detach().double(), rp, atol=2e-6, rtol=1e-5)
 
 
-def test_optimizer_kernel_lookup(cpu_backend):
+def test_optimizer_kernel_lookup(target):
     host, npu = torch.device("cpu"), torch.device("meta")  # meta stands in for a device torch has no kernel on
-    assert MT.optimizer_kernel(cpu_backend, "_fused_adamw_", host) is torch._fused_adamw_  # cpu: torch's own
-    assert MT.optimizer_kernel(None, "_fused_sgd_", host) is torch._fused_sgd_
-    assert MT.optimizer_kernel(cpu_backend, "_fused_adamw_", npu) is None  # not in the table, not the host
+    assert MT.optimizer_kernel("_fused_adamw_", host) is torch._fused_adamw_  # cpu: torch's own
+    assert MT.optimizer_kernel("_fused_sgd_", host) is torch._fused_sgd_
+    assert MT.optimizer_kernel("_fused_adamw_", npu) is None  # not in the table, not the host
 
     def ref(*a, **k):
         return None
 
-    with cpu_backend.kernels.override(_fused_adamw_=ref):
-        assert MT.optimizer_kernel(cpu_backend, "_fused_adamw_", npu) is ref
+    with target.kernels.override(_fused_adamw_=ref):
+        assert MT.optimizer_kernel("_fused_adamw_", npu) is ref
 
 
 def test_the_npu_table_carries_torchs_fused_optimizer_kernels():
@@ -186,15 +185,14 @@ def test_the_npu_table_carries_torchs_fused_optimizer_kernels():
         assert table.get(name) is getattr(torch, name)
 
 
-def test_the_shims_bind_the_backend(patched):
-    """apex / TE optimizers and amp_C's steps from the shims reach the active backend's kernel table."""
+def test_the_shims_reach_the_current_target(patched):
+    """apex / TE optimizers and amp_C's steps from the shims reach the active target's kernel table."""
     import amp_C
     from apex.optimizers import FusedAdam, FusedSGD
 
     import ascend_patch
 
     backend = ascend_patch.active_backend()
-    assert FusedAdam.backend is backend and FusedSGD.backend is backend
     adam_log, sgd_log = CallLog(reference_fused_adamw), CallLog(reference_fused_sgd)
     params, grads = make()
     with backend.kernels.override(_fused_adamw_=adam_log, _fused_sgd_=sgd_log):

@@ -87,7 +87,7 @@ def test_megatron_fused_rope_equals_megatrons_unfused_path(seeded, interleaved, 
 
     t = torch.randn(12, 2, 4, 32).to(dtype)
     freqs = _freqs(12, 24, interleaved)  # rotary dim 24 of 32
-    fused = F.megatron_fused_apply_rotary_pos_emb(None)(t, freqs, interleaved=interleaved)
+    fused = F.fused_apply_rotary_pos_emb(t, freqs, interleaved=interleaved)
     stock = rope_utils._apply_rotary_pos_emb_bshd(t, freqs, rotary_interleaved=interleaved)
     half = freqs[:, 0, 0, ::2] if interleaved else freqs[:, 0, 0, :12]
     ref = explicit_rotation(t.transpose(0, 1), half.cos(), half.sin(), torch.arange(12), interleaved).transpose(0, 1)
@@ -111,7 +111,7 @@ def test_megatron_fused_rope_thd_equals_megatrons_unfused_path(seeded, cp_size, 
     cu = torch.tensor([0, *torch.tensor(full).cumsum(0).tolist()], dtype=torch.int32)
     t = torch.randn(sum(full) // cp_size, 3, 16)
     freqs = _freqs(32, 16, False)
-    fused = F.megatron_fused_apply_rotary_pos_emb_thd(None)(t, cu, freqs, cp_size=cp_size, cp_rank=cp_rank)
+    fused = F.fused_apply_rotary_pos_emb_thd(t, cu, freqs, cp_size=cp_size, cp_rank=cp_rank)
     stock = rope_utils._apply_rotary_pos_emb_thd(t, cu, freqs, cp_group=Group())
     torch.testing.assert_close(fused, stock, atol=1e-6, rtol=1e-6)
     with pytest.raises(ValueError, match="describe 12 tokens but t has 11"):
@@ -119,16 +119,16 @@ def test_megatron_fused_rope_thd_equals_megatrons_unfused_path(seeded, cp_size, 
 
 
 @pytest.mark.parametrize("interleaved", [False, True])
-def test_npu_rotary_mul_translation(cpu_backend, seeded, interleaved):
+def test_npu_rotary_mul_translation(target, seeded, interleaved):
     log = CallLog(reference_npu_rotary_mul)
     x = torch.randn(2, 7, 3, 16)
     cos, sin = table(10, 8)
     t = torch.randn(7, 2, 3, 16)
     freqs = _freqs(7, 16, interleaved)
-    with cpu_backend.kernels.override(npu_rotary_mul=log):
-        out = R.apply_rotary_emb(x, cos, sin, interleaved, backend=cpu_backend)
-        fused = R.fused_rope_sbhd(t, freqs, interleaved, backend=cpu_backend)
-        R.apply_rotary_emb(x, cos, sin, interleaved, seqlen_offsets=torch.tensor([0, 3]), backend=cpu_backend)
+    with target.kernels.override(npu_rotary_mul=log):
+        out = R.apply_rotary_emb(x, cos, sin, interleaved)
+        fused = R.fused_rope_sbhd(t, freqs, interleaved)
+        R.apply_rotary_emb(x, cos, sin, interleaved, seqlen_offsets=torch.tensor([0, 3]))
     mode = "interleave" if interleaved else "half"
     assert [c["rotary_mode"] for c in log.calls] == [mode, mode] + ([] if interleaved else ["half"])
     assert tuple(log.calls[0]["args"][1].shape) == (1, 7, 1, 16)    # BSND with 1S1D cos

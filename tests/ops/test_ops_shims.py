@@ -93,7 +93,54 @@ def test_shims_are_the_adapted_objects(no_real_packages, patched, seeded):
     noop = torch.zeros(1, dtype=torch.int)
     norm, _ = multi_tensor_applier(amp_C.multi_tensor_l2norm, noop, [[torch.full((4,), 3.0)]], False)
     assert norm.item() == pytest.approx(6.0) and noop.item() == 0
-    assert apex.normalization.FusedRMSNorm(8).backend is not None  # bound to the target
+    from npu_references import CallLog, reference_npu_rms_norm
+
+    from ascend_patch.backend import current_target
+
+    log = CallLog(reference_npu_rms_norm)
+    with current_target().kernels.override(npu_rms_norm=log):
+        apex.normalization.FusedRMSNorm(8)(torch.randn(2, 8))
+    assert len(log.calls) == 1  # the active target's kernel, read when the norm runs
+
+
+def test_every_shim_module_serves_exactly_its_declaration(no_real_packages, patched):
+    from ascend_patch.shim import Renamed, resolve_path
+
+    tables = patched.shim_tables()
+    assert sorted(tables) == ["amp_C", "apex", "flash_attn", "fused_layer_norm_cuda", "fused_weight_gradient_mlp_cuda",
+                              "grouped_gemm", "transformer_engine", "triton"]
+    builders = {s.patch.target: s.patch.make for s in patched.statuses if s.patch.target in tables["triton"]}
+    for package, table in tables.items():
+        for name, spec in table.items():
+            # triton is served to megatron-core's unguarded importers only (tests/ops/test_triton_shim.py)
+            mod = builders[name].module(name) if package == "triton" else importlib.import_module(name)
+            assert is_shim(mod) and mod.__all__ == sorted(spec.provides), name
+            assert getattr(mod, "__version__", None) == spec.version, name
+            for attr, target in spec.provides.items():
+                obj = getattr(mod, attr)
+                if isinstance(target, Renamed):
+                    assert issubclass(obj, resolve_path(target.target)) and obj is not resolve_path(target.target)
+                    assert f"{obj.__module__}.{obj.__qualname__}" == f"{target.module}.{attr}", (name, attr)
+                else:
+                    assert obj is resolve_path(target), (name, attr)
+            for child in spec.children:
+                assert getattr(mod, child) is sys.modules.get(f"{name}.{child}", getattr(mod, child))
+
+
+def test_report_shims_lists_each_name_and_what_it_maps_to(no_real_packages, capsys):
+    from ascend_patch.cli import main
+
+    assert main(["report", "--device", "cpu", "--shims"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["shim", "module", "name", "maps", "to", "state"]
+    rows = {tuple(line.split()[:3]): " ".join(line.split()[3:]) for line in lines[2:]}
+    assert rows[("apex.optimizers", "FusedAdam", "ascend_patch.ops.optim:ApexFusedAdam")] == (
+        "as apex.optimizers.fused_adam.FusedAdam served on import")
+    assert rows[("transformer_engine.pytorch", "RMSNorm", "ascend_patch.adaptors.megatron.te.norm:RMSNorm")]
+    assert rows[("grouped_gemm.ops", "gmm", "ascend_patch.adaptors.megatron.moe:gmm")]
+    assert "served on import (not to torch and 10 more)" in rows[("triton", "jit",
+                                                                  "ascend_patch.adaptors.megatron.triton_shim:jit")]
+    assert ("flash_attn", "__version__", "'2.8.3'") in rows
 
 
 def test_a_real_package_is_never_shadowed(tmp_path, monkeypatch, cpu_settings):
@@ -114,6 +161,9 @@ def test_a_real_package_is_never_shadowed(tmp_path, monkeypatch, cpu_settings):
         assert status.state == "skipped" and "flash_attn is installed" in status.detail
         with pytest.raises(ModuleNotFoundError):
             importlib.import_module("flash_attn.layers.rotary")  # never grafted into the real package
+        listing = ascend_patch.report().shim_table().splitlines()
+        assert any(line.startswith("flash_attn ") and line.endswith("real package installed") for line in listing)
+        assert any(line.startswith("amp_C ") and line.endswith("served on import") for line in listing)
     finally:
         ascend_patch.remove()
         sys.modules.pop("flash_attn", None)

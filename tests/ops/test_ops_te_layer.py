@@ -195,6 +195,43 @@ def test_norms_tag_sequence_parallel_and_run_npu_rms_norm_when_the_target_has_it
     torch.testing.assert_close(through, plain, rtol=1e-5, atol=1e-6)
 
 
+def test_classes_kept_after_remove_follow_the_target_of_the_moment(cpu_settings):
+    """megatron keeps the shim's classes across remove() and a new apply(): they run on the target applied now,
+    and on the pure-torch reference while nothing is applied (there is no target bound to a class)."""
+    import ascend_patch
+    from ascend_patch.backend import cpu_backend, current_target
+
+    ascend_patch.apply(cpu_settings)
+    try:
+        from transformer_engine.pytorch import RMSNorm  # what megatron's TENorm holds
+        from transformer_engine.pytorch.distributed import CudaRNGStatesTracker
+    finally:
+        ascend_patch.remove()
+    torch.manual_seed(3)
+    x = torch.randn(3, 16)
+    norm = RMSNorm(16, eps=1e-6)
+    with torch.no_grad():
+        norm.weight.normal_()
+    want = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * norm.weight
+    assert current_target().kernels.names() == []  # nothing applied: the reference
+    torch.testing.assert_close(norm(x), want)
+    tracker = CudaRNGStatesTracker()
+    tracker.add("model-parallel-rng", 7)  # the reference's device module: the host generator
+    stand_in = cpu_backend("tests: a later apply whose table has npu_rms_norm")
+    kernel = CallLog(reference_npu_rms_norm)
+    ascend_patch.apply(cpu_settings, backend=stand_in)
+    try:
+        with stand_in.kernels.override(npu_rms_norm=kernel):
+            through = norm(x)  # the class of the earlier apply, on this apply's target
+            assert str(RMSNorm(16).weight.device) == "cpu"
+    finally:
+        ascend_patch.remove()
+    assert len(kernel.calls) == 1 and kernel.calls[0]["epsilon"] == 1e-6
+    torch.testing.assert_close(through, want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(norm(x), want)
+    assert len(kernel.calls) == 1  # removed again: back on the reference
+
+
 def _explicit(q, k, v, keep, scale):
     """Textbook attention, q (b, sq, h, d), k/v (b, sk, g, d), keep (sq, sk) or None."""
     h, g = q.shape[2], k.shape[2]
@@ -281,9 +318,14 @@ def test_dropout_draws_from_the_trackers_stream(world):
 
 def test_refusals_name_the_option_and_what_to_do(te):
     from ascend_patch.adaptors.megatron.te.fp8 import FP8Unavailable
+    from ascend_patch.errors import AscendPatchError
+    from ascend_patch.unsupported import UnsupportedOption
 
-    with pytest.raises(NotImplementedError, match=r"ub_overlap_ag=True\).*--tp-comm-overlap"):
+    with pytest.raises(NotImplementedError, match=r"ub_overlap_ag=True\).*--tp-comm-overlap") as info:
         te.Linear(8, 8, ub_overlap_ag=True)
+    assert isinstance(info.value, UnsupportedOption) and isinstance(info.value, AscendPatchError)
+    with pytest.raises(UnsupportedOption, match=r"--use-transformer-engine-op-fuser"):
+        te.ops.Sequential()
     with pytest.raises(NotImplementedError, match=r"delay_wgrad_compute=True.*--delay-wgrad-compute"):
         te.LayerNormLinear(8, 8, delay_wgrad_compute=True)
     with pytest.raises(NotImplementedError, match=r"softmax_type='learnable'.*--softmax-type"):

@@ -1,13 +1,15 @@
 """The TE layer's MoE permutations on the npu path: torch_npu's npu_moe_token_permute / unpermute.
 
 The kernels are tests/ops/npu_references_moe.py's references of the documented semantics, injected into a
-backend's kernel table; the cpu path (no kernels) is the yardstick. The call shapes are megatron-core's:
+target's kernel table; the cpu path (no kernels) is the yardstick. The call shapes are megatron-core's:
 the alltoall dispatcher permutes with probabilities and ``num_out_tokens = tokens * topk`` and unpermutes
 without them; the allgather dispatcher permutes without probabilities, ``num_out_tokens`` a tensor.
 Verified with reference kernels on cpu only, never on NPU hardware.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import pytest
 import torch
@@ -17,6 +19,7 @@ from npu_references_moe import reference_npu_moe_token_permute, reference_npu_mo
 
 from ascend_patch import usage
 from ascend_patch.adaptors.megatron.te import permutation as P
+from ascend_patch.backend import cpu_backend, using_target
 
 
 def routing(tokens, experts, topk, dropped=()):
@@ -28,13 +31,19 @@ def routing(tokens, experts, topk, dropped=()):
 
 
 @pytest.fixture
-def npu(cpu_backend):
-    """A backend whose kernel table holds the two references, each behind a call log."""
+def npu():
+    """A target whose kernel table holds the two references, each behind a call log; ops run on it under
+    ``on(target)``, and on the pure-torch reference outside (nothing is applied)."""
     logs = {"permute": CallLog(reference_npu_moe_token_permute),
             "unpermute": CallLog(reference_npu_moe_token_unpermute)}
-    with cpu_backend.kernels.override(npu_moe_token_permute=logs["permute"],
-                                      npu_moe_token_unpermute=logs["unpermute"]):
-        yield cpu_backend, logs
+    target = cpu_backend("tests: the npu_moe_token_(un)permute references")
+    with target.kernels.override(npu_moe_token_permute=logs["permute"], npu_moe_token_unpermute=logs["unpermute"]):
+        yield target, logs
+
+
+def on(target):
+    """``target`` active inside the block; None: the reference (nothing applied)."""
+    return using_target(target) if target is not None else contextlib.nullcontext()
 
 
 @pytest.fixture
@@ -52,11 +61,12 @@ def grads(outputs, inputs):
     return torch.autograd.grad(outputs, inputs, weights)
 
 
-def alltoall(x, probs, routing_map, topk, backend):
+def alltoall(x, probs, routing_map, topk, target):
     """The alltoall dispatcher's calls: permute with probs, experts (x2), unpermute without probs."""
-    permuted, permuted_probs, row_map = P.moe_permute_with_probs(x, probs, routing_map,
-                                                                 num_out_tokens=x.shape[0] * topk, backend=backend)
-    out = P.moe_unpermute(permuted * 2.0, row_map, merging_probs=None, restore_shape=x.shape, backend=backend)
+    with on(target):
+        permuted, permuted_probs, row_map = P.moe_permute_with_probs(x, probs, routing_map,
+                                                                     num_out_tokens=x.shape[0] * topk)
+        out = P.moe_unpermute(permuted * 2.0, row_map, merging_probs=None, restore_shape=x.shape)
     return permuted, permuted_probs, out
 
 
@@ -95,8 +105,9 @@ def test_allgather_calls_and_merging_probs_promote_as_megatron_does(npu, seeded,
     results = []
     for b in (backend, None):
         xi, pi = x.clone().requires_grad_(), probs.clone().requires_grad_()
-        permuted, row_map = P.moe_permute(xi, routing_map, num_out_tokens=routing_map.sum(dim=0).sum(), backend=b)
-        out = P.moe_unpermute(permuted, row_map, merging_probs=pi, restore_shape=xi.shape, backend=b)
+        with on(b):
+            permuted, row_map = P.moe_permute(xi, routing_map, num_out_tokens=routing_map.sum(dim=0).sum())
+            out = P.moe_unpermute(permuted, row_map, merging_probs=pi, restore_shape=xi.shape)
         results.append((permuted, out, *grads((out,), (xi, pi))))
     (permuted, out, dx, dp), (want_permuted, want_out, want_dx, want_dp) = results
     assert torch.equal(permuted, want_permuted) and out.dtype == torch.bfloat16
@@ -116,13 +127,16 @@ def test_tokens_without_a_full_topk_keep_the_torch_path_and_say_why(npu, seeded,
     backend, logs = npu
     routing_map, probs = routing(tokens=7, experts=4, topk=2, dropped=(0, 3))  # capacity dropped them
     x = torch.randn(7, 5)
-    got = P.moe_permute_with_probs(x, probs, routing_map, num_out_tokens=int(routing_map.sum()), backend=backend)
+    with on(backend):
+        got = P.moe_permute_with_probs(x, probs, routing_map, num_out_tokens=int(routing_map.sum()))
     want = P.moe_permute_with_probs(x, probs, routing_map, num_out_tokens=int(routing_map.sum()))
     for a, b in zip(got, want):
         assert torch.equal(a, b)
-    assert torch.equal(P.moe_unpermute(got[0], got[2], probs, x.shape, backend=backend),
-                       P.moe_unpermute(want[0], want[2], probs, x.shape))
-    P.moe_permute(x.double(), routing_map.fill_(False).index_fill_(1, torch.tensor([1, 2]), True), backend=backend)
+    with on(backend):
+        unpermuted = P.moe_unpermute(got[0], got[2], probs, x.shape)
+    assert torch.equal(unpermuted, P.moe_unpermute(want[0], want[2], probs, x.shape))
+    with on(backend):
+        P.moe_permute(x.double(), routing_map.fill_(False).index_fill_(1, torch.tensor([1, 2]), True))
     assert not logs["permute"].calls and not logs["unpermute"].calls
     reasons = [u.api for u in recorded.uses()]
     assert any("moe_permute_with_probs: npu_moe_token_permute not used (tokens are routed to 0 to 2 experts"
@@ -131,7 +145,7 @@ def test_tokens_without_a_full_topk_keep_the_torch_path_and_say_why(npu, seeded,
     assert all(u.action == "emulated" for u in recorded.uses())
 
 
-def test_the_shim_binds_the_target_and_cpu_changes_nothing(patched, seeded):
+def test_the_shim_follows_the_target_and_cpu_changes_nothing(patched, seeded):
     """Through transformer_engine.pytorch.permutation: the kernels of the applied target, none on cpu."""
     import ascend_patch
     import transformer_engine.pytorch.permutation as shim
@@ -147,20 +161,21 @@ def test_the_shim_binds_the_target_and_cpu_changes_nothing(patched, seeded):
         back = shim.moe_unpermute(permuted, row_map, probs, restore_shape=x.shape)
     assert len(log.calls) == 1 and row_map.shape == (2, 6, 2) and torch.equal(permuted, plain[0])
     assert torch.equal(back, P.moe_unpermute(plain[0], plain[1], probs, x.shape))
-    assert shim.moe_sort_chunks_by_index is P.moe_sort_chunks_by_index  # no kernel: not bound
+    # the layer's own functions: they read the target at call time
+    assert shim.moe_permute is P.moe_permute and shim.moe_sort_chunks_by_index is P.moe_sort_chunks_by_index
 
 
-def test_the_kernels_documented_limits_and_a_missing_unpermute_keep_the_torch_path(cpu_backend, seeded, recorded):
+def test_the_kernels_documented_limits_and_a_missing_unpermute_keep_the_torch_path(target, seeded, recorded):
     log = CallLog(reference_npu_moe_token_permute)
     x = torch.randn(2, 3)
     every_expert = torch.ones(2, 513, dtype=torch.bool)  # top-513: over the kernels' top-k limit of 512
-    with cpu_backend.kernels.override(npu_moe_token_permute=log,
+    with target.kernels.override(npu_moe_token_permute=log,
                                       npu_moe_token_unpermute=reference_npu_moe_token_unpermute):
-        permuted, row_map = P.moe_permute(x, every_expert, backend=cpu_backend)
+        permuted, row_map = P.moe_permute(x, every_expert)
     assert row_map.shape == (2, 513) and torch.equal(permuted, P.moe_permute(x, every_expert)[0])
     routing_map, _ = routing(tokens=4, experts=4, topk=2)
-    with cpu_backend.kernels.override(npu_moe_token_permute=log):  # an older torch_npu: permute without unpermute
-        permuted, row_map = P.moe_permute(torch.randn(4, 3), routing_map, backend=cpu_backend)
+    with target.kernels.override(npu_moe_token_permute=log):  # an older torch_npu: permute without unpermute
+        permuted, row_map = P.moe_permute(torch.randn(4, 3), routing_map)
     assert row_map.shape == (4, 4) and not log.calls
     reasons = [u.api for u in recorded.uses()]
     assert any("(top-513 routing; the kernel takes top-k <= 512)" in r for r in reasons), reasons
@@ -171,8 +186,10 @@ def test_a_kernel_row_map_unpermutes_by_the_documented_formula_once_the_kernels_
     backend, logs = npu
     routing_map, probs = routing(tokens=5, experts=4, topk=2)
     x = torch.randn(5, 3)
-    permuted, row_map = P.moe_permute(x, routing_map, backend=backend)
+    with on(backend):
+        permuted, row_map = P.moe_permute(x, routing_map)
     want = P.moe_unpermute(*P.moe_permute(x, routing_map), probs, x.shape)
-    assert torch.equal(P.moe_unpermute(permuted, row_map, probs, x.shape), want)  # no backend: torch
-    assert torch.equal(P.moe_unpermute(permuted, row_map, probs, x.shape, backend=backend), want)
+    assert torch.equal(P.moe_unpermute(permuted, row_map, probs, x.shape), want)  # nothing applied: torch
+    with on(backend):
+        assert torch.equal(P.moe_unpermute(permuted, row_map, probs, x.shape), want)
     assert len(logs["unpermute"].calls) == 1

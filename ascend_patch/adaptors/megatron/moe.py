@@ -26,62 +26,36 @@ copies on a side stream and the aux-loss bookkeeping run through those unchanged
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 from ...patch import Action, Add, ModuleShim, Patch, Replace, Wrap
-from ...shim import ShimModule, is_shim
+from ...shim import ShimBuilder, ShimSpec, ShimTable, is_shim
 from .releases import needed_on
 from .jit import eager
 
-__all__ = ["GroupedGemmShims", "moe_patches"]
+__all__ = ["GROUPED_GEMM", "gmm", "moe_patches"]
 
 _UTIL = "megatron.core.transformer.moe.grouped_gemm_util"
 _LEGACY = needed_on("legacy_grouped_mlp")  # GroupedMLP on the grouped_gemm package
 
 
-class GroupedGemmShims:
-    """The ``grouped_gemm`` shim package and its ``ops`` module, built once and bound to a backend."""
+def gmm(a: Any, b: Any, batch_sizes: Any, trans_b: bool = False) -> Any:
+    """grouped_gemm's ``ops.gmm``: rows of ``a`` grouped by ``batch_sizes``, group g times ``b[g]`` (on the target)."""
+    from ...ops.grouped_gemm import grouped_matmul
 
-    NAMES = ("grouped_gemm", "grouped_gemm.ops")
-    _HINTS = {"*": "the shim provides grouped_gemm.ops.gmm(a, b, batch_sizes, trans_b=False) only; "
-                   "permute/unpermute/sinkhorn are megatron-core's own (moe_utils) on this target"}
+    return grouped_matmul(a, b, batch_sizes, trans_b=trans_b)
 
-    def __init__(self, backend: Any) -> None:
-        self.backend = backend
 
-    @functools.cached_property
-    def ops(self) -> ShimModule:
-        from ...ops.grouped_gemm import grouped_matmul
+_GG_HINTS = {"*": "the shim provides grouped_gemm.ops.gmm(a, b, batch_sizes, trans_b=False) only; "
+                  "permute/unpermute/sinkhorn are megatron-core's own (moe_utils) on this target"}
 
-        backend = self.backend
-
-        def gmm(a: Any, b: Any, batch_sizes: Any, trans_b: bool = False) -> Any:
-            """grouped_gemm's ``gmm``: rows of ``a`` grouped by ``batch_sizes``, group g times ``b[g]``."""
-            return grouped_matmul(a, b, batch_sizes, trans_b=trans_b, backend=backend)
-
-        module = ShimModule("grouped_gemm.ops", "ascend_patch shim for grouped_gemm.ops: gmm on the target",
-                            self._HINTS)
-        module.gmm = gmm
-        module.__all__ = ["gmm"]
-        return module
-
-    @functools.cached_property
-    def package(self) -> ShimModule:
-        module = ShimModule("grouped_gemm", "ascend_patch shim for grouped_gemm (not installed): ops.gmm on "
-                                            "the target's grouped matmul", self._HINTS)
-        module.__version__ = "1.1.4"  # the API level megatron-core asks for (not an install)
-        # set here, not imported by the finder: megatron-core imported first gets this object directly
-        module.ops = self.ops
-        return module
-
-    def build(self, name: str) -> ShimModule:
-        """The shim module called ``name`` (one of :attr:`NAMES`)."""
-        if name == "grouped_gemm":
-            return self.package
-        if name == "grouped_gemm.ops":
-            return self.ops
-        raise KeyError(f"no grouped_gemm shim called {name!r}; known: {', '.join(self.NAMES)}")
+GROUPED_GEMM: ShimTable = {
+    # __version__: the API level megatron-core asks for (not an install)
+    "grouped_gemm": ShimSpec("ops.gmm on the target's grouped matmul", children=("ops",), version="1.1.4",
+                             hints=_GG_HINTS),
+    "grouped_gemm.ops": ShimSpec("gmm on the target", {"gmm": "ascend_patch.adaptors.megatron.moe:gmm"},
+                                 hints=_GG_HINTS),
+}
 
 
 class _DtypesOfTheTarget:
@@ -120,19 +94,19 @@ def _ours(found: Any) -> bool:
 
 def moe_patches(backend: Any) -> list[Patch]:
     """The MoE patches for ``backend``: the grouped_gemm shim and megatron-core's MoE entry points."""
-    shims = GroupedGemmShims(backend)
+    shims = ShimBuilder(GROUPED_GEMM)  # one per apply: the package an import finds is the one handed to megatron
     action = Action.TRANSLATED if backend.name == "npu" else Action.EMULATED
     missing = "grouped_gemm is CUDA-only; serve ascend_patch's grouped GEMM while it is not installed"
-    patches = [ModuleShim(name, missing, make=shims.build, action=action, api=name, **_LEGACY)
-               for name in GroupedGemmShims.NAMES]
+    patches = [ModuleShim(name, missing, make=shims, action=action, api=name, **_LEGACY)
+               for name in GROUPED_GEMM]
     patches += [
         Replace(f"{_UTIL}:grouped_gemm",
                 "--moe-grouped-gemm: megatron-core imported before the grouped_gemm shim existed recorded the "
-              "package as missing", make=lambda found: shims.package if _ours(found) else found,
+              "package as missing", make=lambda found: shims.module("grouped_gemm") if _ours(found) else found,
               action=action, count_calls=False, rebind=False, **_LEGACY),
         Replace(f"{_UTIL}:ops",
                 "--moe-grouped-gemm: GroupedMLP calls gg.ops.gmm (None when the package was found missing)",
-              make=lambda found: shims.ops if _ours(found) else found,
+              make=lambda found: shims.module("grouped_gemm.ops") if _ours(found) else found,
               action=action, count_calls=False, rebind=False, **_LEGACY),
         Add("megatron.core.transformer.moe.moe_utils:te_general_gemm",
             "MoE router gating tests te_general_gemm, which is defined only when transformer_engine imports "

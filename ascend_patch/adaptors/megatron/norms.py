@@ -15,7 +15,7 @@ features at all:
 * memory_efficient_layer_norm: apex saves the output instead of the input for backward
   (same result); accepted for the same reason.
 
-RMSNorm is built on the target's kernel: when the backend's kernel table has
+RMSNorm is built on the target's kernel: when the current target's kernel table has
 ``npu_rms_norm`` (the npu target), the ops adaptor ``ascend_patch.ops.norm_apex.FusedRMSNorm``
 (fp32 statistics, output in the input dtype, torch_npu's backward); otherwise
 ``torch.nn.RMSNorm``, which on the cpu target is as fast as the adaptor or faster (bf16,
@@ -42,20 +42,22 @@ from .releases import needed_on
 __all__ = ["build_norm", "fused_layer_norm_new", "norm_patches", "rms_norm_module"]
 
 
-def rms_norm_module(hidden_size: int, eps: float, backend: Any = None) -> Any:
-    """RMSNorm on ``backend``: the ops adaptor on ``npu_rms_norm`` when the kernel table has it, else torch's."""
+def rms_norm_module(hidden_size: int, eps: float) -> Any:
+    """RMSNorm on the current target: the ops adaptor on ``npu_rms_norm`` when its kernel table has it, else torch's."""
     import torch
 
-    if backend is not None and backend.kernels.get("npu_rms_norm") is not None:
+    from ...backend import current_target
+
+    if current_target().kernels.get("npu_rms_norm") is not None:
         from ...ops.norm_apex import FusedRMSNorm
 
-        return FusedRMSNorm(hidden_size, eps=eps, backend=backend)
+        return FusedRMSNorm(hidden_size, eps=eps)
     return torch.nn.RMSNorm(normalized_shape=hidden_size, eps=eps)
 
 
 def build_norm(cls: Any, config: Any, hidden_size: int, eps: float = 1e-5, persist_layer_norm: bool = False,
-               zero_centered_gamma: bool = False, normalization: str = "LayerNorm", *, backend: Any = None) -> Any:
-    """``WrappedTorchNorm(config, hidden_size, eps, ...)`` on ``backend``."""
+               zero_centered_gamma: bool = False, normalization: str = "LayerNorm") -> Any:
+    """``WrappedTorchNorm(config, hidden_size, eps, ...)`` on the current target."""
     import torch
 
     if getattr(config, "layernorm_zero_centered_gamma", False) or zero_centered_gamma:
@@ -66,7 +68,7 @@ def build_norm(cls: Any, config: Any, hidden_size: int, eps: float = 1e-5, persi
     if kind == "LayerNorm":
         norm = torch.nn.LayerNorm(normalized_shape=hidden_size, eps=eps)
     elif kind == "RMSNorm":
-        norm = rms_norm_module(hidden_size, eps, backend)
+        norm = rms_norm_module(hidden_size, eps)
     elif kind == "L2Norm":
         from megatron.core.transformer.torch_norm import L2Norm
 
@@ -79,27 +81,16 @@ def build_norm(cls: Any, config: Any, hidden_size: int, eps: float = 1e-5, persi
     return norm
 
 
-def fused_layer_norm_new(cls: Any, config: Any, hidden_size: int, *args: Any, backend: Any = None,
-                         **kwargs: Any) -> Any:
+def fused_layer_norm_new(cls: Any, config: Any, hidden_size: int, *args: Any, **kwargs: Any) -> Any:
     """``FusedLayerNorm(...)``: LayerNorm as megatron-core builds it; other kinds as :func:`build_norm`."""
     if getattr(config, "normalization", "LayerNorm") != "LayerNorm":
         eps = args[0] if args else kwargs.get("eps", 1e-5)
-        return build_norm(cls, config, hidden_size, eps, backend=backend)  # not an instance: __init__ is skipped
+        return build_norm(cls, config, hidden_size, eps)  # not an instance: __init__ is skipped
     return object.__new__(cls)
 
 
 def norm_patches(backend: Any = None) -> list[Patch]:
-    """The norm patches, building RMSNorm on ``backend``'s kernel."""
-
-    def fused_layer_norm(cls: Any, config: Any, hidden_size: int, *args: Any, **kwargs: Any) -> Any:
-        return fused_layer_norm_new(cls, config, hidden_size, *args, backend=backend, **kwargs)
-
-    def wrapped_torch_norm(cls: Any, config: Any, hidden_size: int, eps: float = 1e-5,
-                           persist_layer_norm: bool = False, zero_centered_gamma: bool = False,
-                           normalization: str = "LayerNorm") -> Any:
-        return build_norm(cls, config, hidden_size, eps, persist_layer_norm, zero_centered_gamma, normalization,
-                          backend=backend)
-
+    """The norm patches (``backend`` decides what the reasons say; the norms read the target when built)."""
     # each reason says what the patch does on this target (docs/coverage.md shows the cpu target's)
     if getattr(backend, "name", "cpu") == "npu":
         fused_why = ("RMSNorm configs get npu_rms_norm (ascend_patch.ops.norm_apex.FusedRMSNorm; torch's norm if "
@@ -115,8 +106,8 @@ def norm_patches(backend: Any = None) -> list[Patch]:
                        "persist_layer_norm / memory_efficient_layer_norm (apex kernel choices)")
     return [Replace(
         "megatron.core.fusions.fused_layer_norm:FusedLayerNorm.__new__", fused_why,
-        replacement=staticmethod(fused_layer_norm), **needed_on(), 
+        replacement=staticmethod(fused_layer_norm_new), **needed_on(), 
         api="megatron.core.fusions.fused_layer_norm.FusedLayerNorm", count_calls=False), Replace(
         "megatron.core.transformer.torch_norm:WrappedTorchNorm.__new__", wrapped_why,
-        replacement=staticmethod(wrapped_torch_norm), **needed_on(), 
+        replacement=staticmethod(build_norm), **needed_on(), 
         api="megatron.core.transformer.torch_norm.WrappedTorchNorm", count_calls=False)]

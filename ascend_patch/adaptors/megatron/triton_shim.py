@@ -31,12 +31,11 @@ from collections.abc import Callable
 from typing import Any
 
 from ...errors import AscendPatchError
-from ...shim import ShimModule, is_shim
+from ...shim import ShimBuilder, ShimModule, ShimSpec, ShimTable, is_shim
 from .releases import TRITON_IMPORTERS
 
-__all__ = ["HIDDEN_FROM", "IMPORTERS", "TRITON_NAMES", "TritonUnavailable", "build_triton_shim", "flag_for"]
-
-TRITON_NAMES: tuple[str, ...] = ("triton", "triton.language")
+__all__ = ["HIDDEN_FROM", "IMPORTERS", "TRITON", "TRITON_NAMES", "TritonShims", "TritonUnavailable",
+           "build_triton_shim", "flag_for"]
 
 # megatron-core modules that import triton at module level with no fallback (see .releases)
 IMPORTERS: tuple[str, ...] = tuple(TRITON_IMPORTERS)
@@ -110,7 +109,7 @@ def jit(fn: Callable[..., Any] | None = None, **options: Any) -> Any:
     return _Kernel(fn, options)
 
 
-def _decorator_factory(*args: Any, **kwargs: Any) -> Callable[[Any], Any]:
+def passthrough(*args: Any, **kwargs: Any) -> Callable[[Any], Any]:
     """``@triton.autotune(...)`` / ``@triton.heuristics(...)``: the kernel unchanged."""
     return lambda kernel: kernel
 
@@ -148,26 +147,28 @@ class constexpr:  # noqa: N801 (triton's name)
 _HINT = ("triton is not installed; ascend_patch's shim provides only what lets megatron-core's "
          "batch-invariant and Mamba inference kernels be imported (jit, autotune, heuristics, Config, cdiv, "
          "next_power_of_2, language.constexpr). Install triton (or triton-ascend) to run triton kernels")
+_HERE = "ascend_patch.adaptors.megatron.triton_shim"
+
+TRITON: ShimTable = {
+    "triton": ShimSpec("kernels import but refuse to launch", {
+        "jit": f"{_HERE}:jit", "autotune": f"{_HERE}:passthrough", "heuristics": f"{_HERE}:passthrough",
+        "Config": f"{_HERE}:Config", "cdiv": f"{_HERE}:cdiv", "next_power_of_2": f"{_HERE}:next_power_of_2"},
+        hints={"*": _HINT}),
+    "triton.language": ShimSpec("constexpr only", {"constexpr": f"{_HERE}:constexpr"}, hints={"*": _HINT}),
+}
+TRITON_NAMES: tuple[str, ...] = tuple(TRITON)
 
 
-def build_triton_shim(name: str) -> ShimModule:
-    """The shim module called ``name`` (one of :data:`TRITON_NAMES`), for :data:`IMPORTERS` only.
+class TritonShims(ShimBuilder):
+    """The :data:`TRITON` modules, for :data:`IMPORTERS` only: any other importer gets ``ModuleNotFoundError``,
+    as if the shim did not exist."""
 
-    Any other importer gets ``ModuleNotFoundError``, as if the shim did not exist.
-    """
-    if name not in TRITON_NAMES:
-        raise KeyError(f"no triton shim called {name!r}; known: {', '.join(TRITON_NAMES)}")
-    if _importer() not in IMPORTERS:
-        raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-    if name == "triton":
-        module = ShimModule(name, "ascend_patch shim for triton: kernels import but refuse to launch",
-                            {"*": _HINT})
-        for attr, value in (("jit", jit), ("autotune", _decorator_factory), ("heuristics", _decorator_factory),
-                            ("Config", Config), ("cdiv", cdiv), ("next_power_of_2", next_power_of_2)):
-            setattr(module, attr, value)
-        module.__all__ = ["Config", "autotune", "cdiv", "heuristics", "jit", "next_power_of_2"]
-        return module
-    module = ShimModule(name, "ascend_patch shim for triton.language: constexpr only", {"*": _HINT})
-    module.constexpr = constexpr
-    module.__all__ = ["constexpr"]
-    return module
+    def __call__(self, name: str) -> ShimModule:
+        self.spec(name)
+        if _importer() not in IMPORTERS:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return super().__call__(name)
+
+
+# the make of the triton ModuleShim patches (its objects are this module's; nothing is per apply)
+build_triton_shim = TritonShims(TRITON)

@@ -20,10 +20,10 @@ import sys
 from typing import Any
 
 from ...patch import Action, Add, ModuleShim, Patch, Replace
-from ...shim import ShimModule
+from ...shim import ShimBuilder, ShimSpec, ShimTable
 from .releases import needed_on
 
-__all__ = ["MODULE_NAME", "build_module", "wgrad_gemm_accum", "wgrad_patches"]
+__all__ = ["FUSED_WEIGHT_GRADIENT_MLP_CUDA", "MODULE_NAME", "wgrad_gemm_accum", "wgrad_patches"]
 
 MODULE_NAME = "fused_weight_gradient_mlp_cuda"
 
@@ -41,31 +41,32 @@ def wgrad_gemm_accum(total_input: Any, grad_output: Any, main_grad: Any) -> None
     main_grad.addmm_(grad_output.t(), total_input)
 
 
-def build_module(name: str = MODULE_NAME) -> ShimModule:
-    """The ``fused_weight_gradient_mlp_cuda`` shim."""
-    module = ShimModule(name, "ascend_patch: in-place weight-gradient accumulation (apex's extension "
-                              "is not installed)",
-                        hints={"*": "only wgrad_gemm_accum_fp32 and wgrad_gemm_accum_fp16 exist"})
-    module.wgrad_gemm_accum_fp32 = wgrad_gemm_accum
-    module.wgrad_gemm_accum_fp16 = wgrad_gemm_accum
-    return module
-
-
-def _module_object(_original: Any) -> Any:
-    return sys.modules.get(MODULE_NAME) or build_module()
+FUSED_WEIGHT_GRADIENT_MLP_CUDA: ShimTable = {
+    MODULE_NAME: ShimSpec(
+        "in-place weight-gradient accumulation (apex's extension is not installed)",
+        {name: "ascend_patch.adaptors.megatron.wgrad:wgrad_gemm_accum"
+         for name in ("wgrad_gemm_accum_fp32", "wgrad_gemm_accum_fp16")},
+        hints={"*": "only wgrad_gemm_accum_fp32 and wgrad_gemm_accum_fp16 exist"}),
+}
 
 
 def wgrad_patches() -> list[Patch]:
+    """The extension's shim, and megatron-core's probe for it answered where it ran before the shim existed."""
     layers = "megatron.core.tensor_parallel.layers"
+    shims = ShimBuilder(FUSED_WEIGHT_GRADIENT_MLP_CUDA)
+
+    def module_object(_original: Any) -> Any:
+        return sys.modules.get(MODULE_NAME) or shims.module(MODULE_NAME)
+
     return [
         ModuleShim(MODULE_NAME, "gradient_accumulation_fusion: in-place addmm_ into main_grad",
-                   make=build_module, action=Action.TRANSLATED, api=MODULE_NAME),
+                   make=shims, action=Action.TRANSLATED, api=MODULE_NAME),
         Replace(f"{layers}:_grad_accum_fusion_available",
                 "gradient_accumulation_fusion: megatron's import-time probe for apex's extension answers "
                 "yes (also when megatron-core was imported before the shim existed)", make=lambda original: True,
                 **needed_on(),  count_calls=False),
         Add(f"{layers}:{MODULE_NAME}",
             "gradient_accumulation_fusion: the extension module, where megatron-core was imported before "
-            "the shim existed", make=_module_object,
+            "the shim existed", make=module_object,
             **needed_on(),  count_calls=False),
     ]

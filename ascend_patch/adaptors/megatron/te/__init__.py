@@ -1,37 +1,14 @@
-"""The Transformer-Engine-compatible layer: the part of ``transformer_engine`` megatron-core 0.16 uses.
+"""The Transformer-Engine-compatible layer: the part of ``transformer_engine`` megatron-core 0.16 uses, on the target.
 
-Served as the ``transformer_engine`` shim (see :mod:`ascend_patch.ops.shims`) while the real
-package is missing, so Megatron-LM's default ``--transformer-impl transformer_engine`` builds
-megatron-core's own TE wrappers (``TELinear``, ``TELayerNormColumnParallelLinear``,
-``TEDotProductAttention``, ``TENorm``...) on these classes:
-
-* :mod:`.linear` - ``Linear``, ``LayerNormLinear`` on megatron's tensor-parallel functions;
-* :mod:`.grouped` - ``GroupedLinear`` (MoE experts) on the grouped GEMM of :mod:`ascend_patch.ops.grouped_gemm`;
-* :mod:`.norm` - ``LayerNorm``, ``RMSNorm`` (``npu_rms_norm`` on npu);
-* :mod:`.attention` - ``DotProductAttention`` (``npu_fusion_attention`` on npu), with
-  context parallelism from :mod:`ascend_patch.ops.context_parallel`;
-* :mod:`.permutation` - MoE token permutations (``--moe-permute-fusion``; ``npu_moe_token_permute`` /
-  ``npu_moe_token_unpermute`` on npu, :mod:`.permutation_npu`); :mod:`.router` - MoE routing
-  and aux loss (``--moe-router-fusion``); :mod:`.cross_entropy` - the vocabulary-parallel loss
-  (``--cross-entropy-fusion-impl te``);
-* :mod:`.fp8` - recipes, ``fp8_autocast``, ``FP8GlobalStateManager`` (FP8 off; FP8 asked
-  for is an error naming the flags); :mod:`.distributed` - the RNG tracker.
-
-The version it claims, :data:`TE_VERSION`, decides which code paths megatron-core takes
-(``is_te_min_version``); see :data:`TE_VERSION` for why this one. ``SURFACE`` lists every
-shim module with the attributes it serves: adding an API is one entry there.
-
-Nothing here imports megatron-core at import time (megatron imports ``transformer_engine``
-while it is itself being imported); the layers import its tensor-parallel functions when
-they run.
+:data:`SURFACE` is its shim table (served by :mod:`.shims` while TE is missing; megatron-core
+builds its own TE wrappers on these classes). Nothing here imports megatron-core at import time.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from ....shim import Renamed, ShimSpec, ShimTable
 
-__all__ = ["SURFACE", "TE_VERSION", "surface"]
+__all__ = ["SURFACE", "TE_VERSION"]
 
 # The Transformer Engine API level this layer implements and reports as transformer_engine.__version__
 # (megatron-core reads __version__ before any distribution metadata; the shim has none, so
@@ -47,118 +24,99 @@ __all__ = ["SURFACE", "TE_VERSION", "surface"]
 # * not higher: megatron-core's checks at 2.8 and above switch on paths this layer was not checked against.
 TE_VERSION = "2.7.0"
 
-Builder = Callable[[Any], dict[str, Any]]
-
-
-def _version(_catalog: Any) -> dict[str, Any]:
-    return {"__version__": TE_VERSION}
-
-
-def _pytorch(catalog: Any) -> dict[str, Any]:
-    from . import attention, fp8, grouped, linear, norm
-
-    bound = catalog.te_bound
-    return {
-        "Linear": bound(linear.Linear, "Linear", "transformer_engine.pytorch.module.linear"),
-        "LayerNormLinear": bound(linear.LayerNormLinear, "LayerNormLinear",
-                                 "transformer_engine.pytorch.module.layernorm_linear"),
-        "LayerNorm": bound(norm.LayerNorm, "LayerNorm", "transformer_engine.pytorch.module.layernorm"),
-        "RMSNorm": bound(norm.RMSNorm, "RMSNorm", "transformer_engine.pytorch.module.rmsnorm"),
-        "DotProductAttention": bound(attention.DotProductAttention, "DotProductAttention",
-                                     "transformer_engine.pytorch.attention.dot_product_attention"),
-        "GroupedLinear": bound(grouped.GroupedLinear, "GroupedLinear",
-                               "transformer_engine.pytorch.module.grouped_linear"),
-        "fp8_autocast": fp8.fp8_autocast,
-        "fp8_model_init": fp8.fp8_model_init,
-    }
-
-
-def _fp8(_catalog: Any) -> dict[str, Any]:
-    from . import fp8
-
-    return {"FP8GlobalStateManager": fp8.FP8GlobalStateManager, "fp8_autocast": fp8.fp8_autocast,
-            "fp8_model_init": fp8.fp8_model_init}
-
-
-def _distributed(catalog: Any) -> dict[str, Any]:
-    from . import distributed
-
-    return {"CudaRNGStatesTracker": catalog.te_bound(distributed.CudaRNGStatesTracker, "CudaRNGStatesTracker",
-                                                     "transformer_engine.pytorch.distributed"),
-            "activation_recompute_forward": distributed.activation_recompute_forward,
-            "is_fp8_activation_recompute_enabled": distributed.is_fp8_activation_recompute_enabled,
-            "in_fp8_activation_recompute_phase": distributed.in_fp8_activation_recompute_phase}
-
-
-def _tensor(_catalog: Any) -> dict[str, Any]:
-    from . import fp8
-
-    return {"QuantizedTensor": fp8.QuantizedTensor, "Float8Tensor": fp8.Float8Tensor}
-
-
-def _recipe(_catalog: Any) -> dict[str, Any]:
-    from . import fp8
-
-    return {name: getattr(fp8, name) for name in ("Format", "Recipe", "DelayedScaling", "Float8CurrentScaling",
-                                                  "Float8BlockScaling", "MXFP8BlockScaling", "NVFP4BlockScaling")}
-
-
-def _ops(_catalog: Any) -> dict[str, Any]:
-    from . import ops_api
-
-    return {"FusibleOperation": ops_api.FusibleOperation, "Sequential": ops_api.Sequential}
-
-
-def _permutation(catalog: Any) -> dict[str, Any]:
-    from . import permutation
-
-    # permute / unpermute take the target's kernels (torch_npu's on npu); the chunk sorts need none
-    return {name: catalog.bound(getattr(permutation, name)) if name in permutation.ON_TARGET
-            else getattr(permutation, name) for name in permutation.__all__}
-
-
-def _router(_catalog: Any) -> dict[str, Any]:
-    from . import router
-
-    return {name: getattr(router, name) for name in router.__all__}
-
-
-def _cross_entropy(_catalog: Any) -> dict[str, Any]:
-    from . import cross_entropy
-
-    return {"parallel_cross_entropy": cross_entropy.parallel_cross_entropy}
-
-
-def _none(_catalog: Any) -> dict[str, Any]:
-    return {}
-
-
-def _optimizers(catalog: Any) -> dict[str, Any]:
-    return dict(catalog.te_optimizers)
-
-
-# shim module -> (what it holds, builder of its attributes, submodules its import brings in).
-# Parents come before children. Adding an API: one entry in the builder of its module.
-SURFACE: dict[str, tuple[str, Builder, tuple[str, ...]]] = {
-    "transformer_engine": ("Transformer Engine's PyTorch API on the target", _version, ("pytorch", "common")),
-    "transformer_engine.common": ("transformer_engine.common.recipe", _none, ("recipe",)),
-    "transformer_engine.common.recipe": ("FP8 recipes (configuration only; FP8 itself is refused)", _recipe, ()),
-    "transformer_engine.pytorch": ("Linear, LayerNormLinear, GroupedLinear, LayerNorm, RMSNorm, DotProductAttention",
-                                   _pytorch,
-                                   ("optimizers", "fp8", "distributed", "tensor", "ops", "permutation",
-                                    "router", "cross_entropy")),
-    "transformer_engine.pytorch.fp8": ("FP8 state (always off) and autocast", _fp8, ()),
-    "transformer_engine.pytorch.distributed": ("the RNG tracker and recompute context", _distributed, ()),
-    "transformer_engine.pytorch.tensor": ("quantized tensor types (none exists here)", _tensor, ()),
-    "transformer_engine.pytorch.optimizers": ("TE's fused optimizers and multi-tensor ops", _optimizers, ()),
-    "transformer_engine.pytorch.permutation": ("MoE token permutations (--moe-permute-fusion)", _permutation, ()),
-    "transformer_engine.pytorch.router": ("MoE top-k routing and aux loss (--moe-router-fusion)", _router, ()),
-    "transformer_engine.pytorch.cross_entropy": ("the vocabulary-parallel loss (--cross-entropy-fusion-impl te)",
-                                                 _cross_entropy, ()),
-    "transformer_engine.pytorch.ops": ("the op-based API's names (using it is refused)", _ops, ()),
+_TE = "ascend_patch.adaptors.megatron.te"
+_OPS = "ascend_patch.ops"
+_HINTS = {
+    "ops": "TE's operation-based API is not provided; drop --use-te-activation-func and "
+           "--use-transformer-engine-op-fuser",
+    "module": "TE's userbuffers (--tp-comm-overlap) are not available on this target; drop --tp-comm-overlap",
+    "attention": "TE's fused RoPE / packed-QKV helpers are not provided; megatron-core falls back to its own",
+    "*": "ascend_patch's transformer_engine layer provides transformer_engine.pytorch.Linear, LayerNormLinear, "
+         "GroupedLinear, LayerNorm, RMSNorm, DotProductAttention, fp8_autocast (FP8 off), .optimizers, "
+         ".distributed's RNG tracker, .permutation (--moe-permute-fusion), .router (--moe-router-fusion), "
+         ".cross_entropy "
+         "(--cross-entropy-fusion-impl te) and transformer_engine.common.recipe; see docs/megatron.md for the "
+         "coverage table",
 }
+_OPTIMIZER_HINTS = {
+    "multi_tensor_adam_fp8": "fp8 optimizer states are not supported; use multi_tensor_adam",
+    "multi_tensor_adam_capturable": "CUDA-graph capture is not available; use multi_tensor_adam",
+    "multi_tensor_adam_capturable_master": "CUDA-graph capture is not available; use multi_tensor_adam",
+    "multi_tensor_unscale_l2norm": "call multi_tensor_scale with 1/scale, then multi_tensor_l2norm",
+    "multi_tensor_scale_tensor": "use multi_tensor_scale with a Python float",
+    "*": "the shim provides FusedAdam, FusedSGD, multi_tensor_applier, multi_tensor_scale, multi_tensor_l2norm, "
+         "multi_tensor_adam and multi_tensor_sgd",
+}
+_FP8 = {name: f"{_TE}.fp8:{name}" for name in ("fp8_autocast", "fp8_model_init")}
+_MODULES = "transformer_engine.pytorch.module"
 
 
-def surface(catalog: Any, name: str) -> dict[str, Any]:
-    """The attributes of shim module ``name``, built from ``catalog`` (an ``ops.shims.ShimCatalog``)."""
-    return SURFACE[name][1](catalog)
+def _layer(path: str, module: str) -> Renamed:
+    # TE's classes under TE's names and modules: megatron-core subclasses them (TELinear, TENorm, ...)
+    return Renamed(f"{_TE}.{path}", module)
+
+
+# Adding an API: one name in the module that serves it.
+SURFACE: ShimTable = {
+    "transformer_engine": ShimSpec("Transformer Engine's PyTorch API on the target", children=("pytorch", "common"),
+                                   version=TE_VERSION, hints=_HINTS),
+    "transformer_engine.common": ShimSpec("transformer_engine.common.recipe", children=("recipe",), hints=_HINTS),
+    "transformer_engine.common.recipe": ShimSpec(
+        "FP8 recipes (configuration only; FP8 itself is refused)",
+        {name: f"{_TE}.fp8:{name}" for name in ("Format", "Recipe", "DelayedScaling", "Float8CurrentScaling",
+                                                "Float8BlockScaling", "MXFP8BlockScaling", "NVFP4BlockScaling")},
+        hints=_HINTS),
+    "transformer_engine.pytorch": ShimSpec(
+        "Linear, LayerNormLinear, GroupedLinear, LayerNorm, RMSNorm, DotProductAttention",
+        {"Linear": _layer("linear:Linear", f"{_MODULES}.linear"),
+         "LayerNormLinear": _layer("linear:LayerNormLinear", f"{_MODULES}.layernorm_linear"),
+         "LayerNorm": _layer("norm:LayerNorm", f"{_MODULES}.layernorm"),
+         "RMSNorm": _layer("norm:RMSNorm", f"{_MODULES}.rmsnorm"),
+         "DotProductAttention": _layer("attention:DotProductAttention",
+                                       "transformer_engine.pytorch.attention.dot_product_attention"),
+         "GroupedLinear": _layer("grouped:GroupedLinear", f"{_MODULES}.grouped_linear"),
+         **_FP8},
+        children=("optimizers", "fp8", "distributed", "tensor", "ops", "permutation", "router", "cross_entropy"),
+        hints=_HINTS),
+    "transformer_engine.pytorch.fp8": ShimSpec(
+        "FP8 state (always off) and autocast", {"FP8GlobalStateManager": f"{_TE}.fp8:FP8GlobalStateManager", **_FP8},
+        hints=_HINTS),
+    "transformer_engine.pytorch.distributed": ShimSpec(
+        "the RNG tracker and recompute context",
+        {"CudaRNGStatesTracker": _layer("distributed:CudaRNGStatesTracker", "transformer_engine.pytorch.distributed"),
+         **{name: f"{_TE}.distributed:{name}" for name in (
+             "activation_recompute_forward", "is_fp8_activation_recompute_enabled",
+             "in_fp8_activation_recompute_phase")}},
+        hints=_HINTS),
+    "transformer_engine.pytorch.tensor": ShimSpec(
+        "quantized tensor types (none exists here)",
+        {name: f"{_TE}.fp8:{name}" for name in ("QuantizedTensor", "Float8Tensor")}, hints=_HINTS),
+    "transformer_engine.pytorch.optimizers": ShimSpec(
+        "TE's fused optimizers and multi-tensor ops",
+        {"FusedAdam": Renamed(f"{_OPS}.optim:TEFusedAdam", "transformer_engine.pytorch.optimizers.fused_adam"),
+         "FusedSGD": Renamed(f"{_OPS}.optim:TEFusedSGD", "transformer_engine.pytorch.optimizers.fused_sgd"),
+         "MultiTensorApply": f"{_OPS}.multi_tensor:TEMultiTensorApply",
+         "multi_tensor_applier": f"{_OPS}.multi_tensor:te_multi_tensor_applier",
+         # the same multi-tensor ops as amp_C's
+         **{name: f"{_OPS}.multi_tensor:{name}" for name in (
+             "multi_tensor_scale", "multi_tensor_l2norm", "multi_tensor_adam", "multi_tensor_sgd")}},
+        hints=_OPTIMIZER_HINTS),
+    "transformer_engine.pytorch.permutation": ShimSpec(
+        "MoE token permutations (--moe-permute-fusion)",
+        {name: f"{_TE}.permutation:{name}" for name in (
+            "moe_permute", "moe_permute_with_probs", "moe_unpermute", "moe_sort_chunks_by_index",
+            "moe_sort_chunks_by_index_with_probs")},
+        hints=_HINTS),
+    "transformer_engine.pytorch.router": ShimSpec(
+        "MoE top-k routing and aux loss (--moe-router-fusion)",
+        {name: f"{_TE}.router:{name}" for name in (
+            "fused_topk_with_score_function", "fused_compute_score_for_moe_aux_loss", "fused_moe_aux_loss")},
+        hints=_HINTS),
+    "transformer_engine.pytorch.cross_entropy": ShimSpec(
+        "the vocabulary-parallel loss (--cross-entropy-fusion-impl te)",
+        {"parallel_cross_entropy": f"{_TE}.cross_entropy:parallel_cross_entropy"}, hints=_HINTS),
+    "transformer_engine.pytorch.ops": ShimSpec(
+        "the op-based API's names (using it is refused)",
+        {name: f"{_TE}.ops_api:{name}" for name in ("FusibleOperation", "Sequential")},
+        hints={"*": _HINTS["ops"]}),
+}

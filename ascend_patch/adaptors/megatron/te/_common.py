@@ -8,10 +8,13 @@ from typing import Any
 
 import torch
 
-__all__ = ["TEModule", "TargetBound", "refuse", "target_device", "tp_size_of"]
+from ....backend import current_target
+from ....unsupported import UnsupportedOption
+
+__all__ = ["TEModule", "refuse", "target_device", "tp_size_of"]
 
 
-def target_device(device: Any, backend: Any) -> Any:
+def target_device(device: Any) -> Any:
     """TE's ``device`` argument on the target: "cuda", ``cuda:N``, an int (``torch.cuda.current_device()``)
     or None become the target's device; "cpu" and "meta" stay."""
     if isinstance(device, torch.device):
@@ -23,9 +26,9 @@ def target_device(device: Any, backend: Any) -> Any:
     else:
         parsed = torch.device(device)
         kind, index = parsed.type, parsed.index
-    if kind in ("cpu", "meta") or backend is None:
-        return torch.device(kind, index) if kind != "cuda" else torch.device("cpu")
-    return backend.device(index)
+    if kind in ("cpu", "meta"):
+        return torch.device(kind, index)
+    return current_target().device(index)
 
 
 def tp_size_of(tp_group: Any, tp_size: int) -> int:
@@ -35,27 +38,14 @@ def tp_size_of(tp_group: Any, tp_size: int) -> int:
     return tp_group.size() if hasattr(tp_group, "size") else torch.distributed.get_world_size(tp_group)
 
 
-def refuse(api: str, option: str, why: str, instead: str) -> NotImplementedError:
+def refuse(api: str, option: str, why: str, instead: str) -> UnsupportedOption:
     """The error for a TE option the layer does not implement: what, why, what to do instead."""
-    return NotImplementedError(f"transformer_engine.pytorch.{api}({option}) is not supported by ascend_patch's "
+    return UnsupportedOption(f"transformer_engine.pytorch.{api}({option}) is not supported by ascend_patch's "
                                f"transformer_engine layer: {why}; {instead}")
 
 
-class TargetBound:
-    """The target a module runs on: the one patched now (its kernel table read per call), else the one the
-    shim was built for (megatron keeps the shim's classes after ``remove()`` and a new ``apply()``)."""
-
-    _bound_backend: Any = None  # the shim sets it on the class it serves
-
-    @property
-    def backend(self) -> Any:
-        from ....backend import active_backend
-
-        return active_backend() or self._bound_backend
-
-
-class TEModule(TargetBound, torch.nn.Module):
-    """TE's module base: ``_extra_state`` in the state dict (empty: no FP8 scaling state), target binding."""
+class TEModule(torch.nn.Module):
+    """TE's module base: ``_extra_state`` in the state dict (empty: no FP8 scaling state)."""
 
     _warned_fp8_state = False
 

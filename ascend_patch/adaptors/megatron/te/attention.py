@@ -1,29 +1,4 @@
-"""``transformer_engine.pytorch.DotProductAttention`` on the target, with context parallelism.
-
-TE's semantics as megatron-core's ``TEDotProductAttention`` uses them: q (sq, b, h, d),
-k/v (sk, b, g, d) in ``qkv_format="sbhd"`` (or "bshd", or packed "thd" with
-``cu_seqlens_q/kv``); GQA when ``num_gqa_groups`` < heads; output (sq, b, h * d_v).
-Heads and groups are divided by the TP size. Mask types:
-
-* ``causal`` (top-left aligned, TE's meaning; megatron's self-attention has sq == sk),
-  ``causal_bottom_right``, ``no_mask``: the ``attention_mask`` argument is ignored, as in TE;
-* ``padding*`` with ``thd``: per-sequence attention from ``cu_seqlens``;
-* ``arbitrary`` / ``padding*`` with a mask tensor (True = masked out): SDPA with that mask;
-* ``window_size=(left, right)``: the band, bottom-right aligned like flash-attention's.
-
-Kernels: :func:`ascend_patch.ops.attention.attention_bshd` / ``attention_varlen``
-(``npu_fusion_attention`` BSND / TND on npu within its limits, else SDPA). Dropout runs
-inside ``get_rng_state_tracker().fork()`` unless ``sequence_parallel`` (TE's rule, also
-megatron's local attention's).
-
-Context parallelism (``cp_group`` of size > 1, set at construction or by
-``set_context_parallel_group``): :func:`ascend_patch.ops.context_parallel.context_parallel_attention`
-for ``cp_comm_type`` p2p, all_gather, a2a and a2a+p2p, causal or no mask, sbhd/bshd.
-
-Refused with an error naming the option: attention bias, ALiBi, ``softmax_type`` other
-than vanilla, ``return_max_logit``, inference KV caches, FP8 output, top-left ``causal``
-with sq != sk, and under CP: packed sequences, sliding windows, explicit masks.
-"""
+"""``transformer_engine.pytorch.DotProductAttention`` on the target, with context parallelism."""
 
 from __future__ import annotations
 
@@ -54,7 +29,32 @@ def _group_size(group: Any) -> int:
 
 
 class DotProductAttention(TEModule):
-    """TE's ``DotProductAttention`` (see the module docstring for what it covers)."""
+    """TE's ``DotProductAttention``.
+
+    TE's semantics as megatron-core's ``TEDotProductAttention`` uses them: q (sq, b, h, d),
+    k/v (sk, b, g, d) in ``qkv_format="sbhd"`` (or "bshd", or packed "thd" with
+    ``cu_seqlens_q/kv``); GQA when ``num_gqa_groups`` < heads; output (sq, b, h * d_v).
+    Heads and groups are divided by the TP size. Mask types:
+
+    * ``causal`` (top-left aligned, TE's meaning; megatron's self-attention has sq == sk),
+      ``causal_bottom_right``, ``no_mask``: the ``attention_mask`` argument is ignored, as in TE;
+    * ``padding*`` with ``thd``: per-sequence attention from ``cu_seqlens``;
+    * ``arbitrary`` / ``padding*`` with a mask tensor (True = masked out): SDPA with that mask;
+    * ``window_size=(left, right)``: the band, bottom-right aligned like flash-attention's.
+
+    Kernels: :func:`ascend_patch.ops.attention.attention_bshd` / ``attention_varlen``
+    (``npu_fusion_attention`` BSND / TND on npu within its limits, else SDPA). Dropout runs
+    inside ``get_rng_state_tracker().fork()`` unless ``sequence_parallel`` (TE's rule, also
+    megatron's local attention's).
+
+    Context parallelism (``cp_group`` of size > 1, set at construction or by
+    ``set_context_parallel_group``): :func:`ascend_patch.ops.context_parallel.context_parallel_attention`
+    for ``cp_comm_type`` p2p, all_gather, a2a and a2a+p2p, causal or no mask, sbhd/bshd.
+
+    Refused with an error naming the option: attention bias, ALiBi, ``softmax_type`` other
+    than vanilla, ``return_max_logit``, inference KV caches, FP8 output, top-left ``causal``
+    with sq != sk, and under CP: packed sequences, sliding windows, explicit masks.
+    """
 
     def __init__(self, num_attention_heads: int, kv_channels: int | tuple[int, int], num_gqa_groups: int | None = None,
                  attention_dropout: float = 0.0, qkv_format: str = "sbhd", attn_mask_type: str = "causal",
@@ -181,7 +181,6 @@ class DotProductAttention(TEModule):
 
     def _batched(self, q: Tensor, k: Tensor, v: Tensor, mask: Any, mask_type: str, window: tuple[int, int] | None,
                  dropout: float) -> Tensor:
-        backend = self.backend
         cp = _group_size(self.cp_group)
         explicit = mask_type == "arbitrary" or (mask_type.startswith("padding") and mask is not None)
         if cp > 1:
@@ -193,13 +192,12 @@ class DotProductAttention(TEModule):
 
             return context_parallel_attention(q, k, v, comm_type=self.cp_comm_type, group=self.cp_group,
                                               causal="causal" in mask_type, scale=self.softmax_scale,
-                                              dropout=dropout, kernels=backend.kernels if backend else None,
-                                              global_ranks=self.cp_global_ranks)
+                                              dropout=dropout, global_ranks=self.cp_global_ranks)
         if explicit:
             return self._masked(q, k, v, mask, mask_type, dropout)
         left, right = self._band(mask_type, window, q.shape[1], k.shape[1])
         out, _ = attention_bshd(q, k, v, dropout_p=dropout, scale=self.softmax_scale, left=left, right=right,
-                                backend=backend, api="DotProductAttention")
+                                api="DotProductAttention")
         return out
 
     def _masked(self, q: Tensor, k: Tensor, v: Tensor, mask: Any, mask_type: str, dropout: float) -> Tensor:
@@ -230,5 +228,5 @@ class DotProductAttention(TEModule):
         if "causal" in mask_type:
             right = 0  # per sequence, every packed sequence has as many queries as keys
         out, _ = attention_varlen(q, k, v, cu_q, cu_kv, dropout_p=dropout, scale=self.softmax_scale, left=left,
-                                  right=right, backend=self.backend, api="DotProductAttention")
+                                  right=right, api="DotProductAttention")
         return out.reshape(out.shape[0], -1)

@@ -1,13 +1,4 @@
-"""``transformer_engine.pytorch.distributed``: the RNG tracker and recompute context megatron-core imports.
-
-* :class:`CudaRNGStatesTracker` keeps named generator states of the *target's* device (the
-  host generator on cpu, the NPU generator on npu), with TE's API (``add``, ``fork``,
-  ``get_states``, ``set_states``, ``reset``). megatron-core subclasses it at import time
-  (``TECudaRNGStatesTracker``) and uses it with ``--te-rng-tracker``.
-* :class:`activation_recompute_forward` is the context megatron's output-discarding
-  recompute opens around forward and recompute; TE uses it to keep FP8 scaling state
-  consistent between the two passes. Without FP8 it only records the phase.
-"""
+"""``transformer_engine.pytorch.distributed``: the RNG tracker and recompute context megatron-core imports."""
 
 from __future__ import annotations
 
@@ -16,6 +7,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+
+from ....backend import current_target
 
 __all__ = [
     "CudaRNGStatesTracker",
@@ -28,19 +21,19 @@ _PHASE = {"region": False, "recompute": False}
 
 
 class CudaRNGStatesTracker:
-    """Named RNG states of the target's device; ``fork(name)`` runs a block on one of them."""
+    """Named RNG states of the target's device; ``fork(name)`` runs a block on one of them.
 
-    backend: Any = None  # the shim binds its target here
+    The current target's generator (the host's on cpu, the NPU's on npu), with TE's API (``add``,
+    ``fork``, ``get_states``, ``set_states``, ``reset``). megatron-core subclasses it at import time
+    (``TECudaRNGStatesTracker``) and uses it with ``--te-rng-tracker``.
+    """
 
     def __init__(self) -> None:
         self.states_: dict[str, torch.Tensor] = {}
         self.seeds_: set[int] = set()
 
     def _module(self) -> Any:
-        if self.backend is None:
-            raise RuntimeError("CudaRNGStatesTracker is not bound to a target; import it from the "
-                               "transformer_engine shim of a process patched by ascend_patch")
-        return self.backend.device_module
+        return current_target().device_module
 
     def reset(self) -> None:
         """Forget every state."""
@@ -84,7 +77,11 @@ class CudaRNGStatesTracker:
 
 
 class activation_recompute_forward(contextlib.AbstractContextManager, contextlib.ContextDecorator):  # noqa: N801
-    """TE's marker for the forward (``recompute_phase=False``) and recompute passes of a checkpointed block."""
+    """TE's marker for the forward (``recompute_phase=False``) and recompute passes of a checkpointed block.
+
+    megatron's output-discarding recompute opens it around forward and recompute; TE uses it to keep FP8
+    scaling state consistent between the two passes. Without FP8 it only records the phase.
+    """
 
     def __init__(self, activation_recompute: bool = False, recompute_phase: bool = False) -> None:
         super().__init__()

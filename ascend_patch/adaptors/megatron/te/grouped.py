@@ -1,28 +1,4 @@
-"""``transformer_engine.pytorch.GroupedLinear``: one linear per expert, run as one grouped GEMM.
-
-megatron-core's ``TEGroupedMLP`` (``--moe-grouped-gemm`` under ``--transformer-impl
-transformer_engine``) builds its experts' ``linear_fc1`` / ``linear_fc2`` on this class through
-``TEColumnParallelGroupedLinear`` / ``TERowParallelGroupedLinear``. TE's semantics:
-
-* ``num_gemms`` weights ``weight0 .. weight{n-1}``, each ``[out, in]`` (``bias{i}`` ``[out]``, zero
-  at start, or an empty tensor without bias), each initialised by ``init_method`` inside
-  ``get_rng_state_tracker().fork(rng_tracker_name)`` in that order; weights tagged
-  ``tensor_model_parallel`` (dim 1 for ``parallel_mode="row"``, else 0);
-* ``forward(inp, m_splits)``: rows ``m_splits[0]`` go through expert 0, the next ``m_splits[1]``
-  through expert 1, ...; the output keeps the input's leading shape. ``return_bias`` returns
-  ``(out, [bias_i])`` with the biases not added (megatron scales them by the routing
-  probabilities itself);
-* ``fuse_wgrad_accumulation`` (megatron's ``gradient_accumulation_fusion``) adds the weight
-  gradients into each weight's ``main_grad`` instead of returning them;
-* the state dict holds ``_extra_state`` (empty, no FP8 state), and the FP8 bookkeeping megatron's
-  wrapper reads to split it per expert (``fp8``, ``fp8_calibration``, ``fp8_meta``) says "none".
-
-The GEMM is :func:`ascend_patch.ops.grouped_gemm.grouped_matmul` (``npu_grouped_matmul`` on npu, a
-loop over the non-empty experts on cpu). Like TE's, this class communicates nothing: megatron's
-token dispatcher moves the tokens between expert-parallel and expert-tensor-parallel ranks and
-hands it ``parallel_mode=None``. Refused with what to do instead: TE-level tensor parallelism
-(``tp_size > 1`` with a ``parallel_mode``), userbuffer overlap, ``delay_wgrad_compute``.
-"""
+"""``transformer_engine.pytorch.GroupedLinear``: one linear per expert, run as one grouped GEMM."""
 
 from __future__ import annotations
 
@@ -41,7 +17,31 @@ __all__ = ["GroupedLinear"]
 
 
 class GroupedLinear(TEModule):
-    """TE's ``GroupedLinear(num_gemms, in_features, out_features, ...)``; forward ``(inp, m_splits)``."""
+    """TE's ``GroupedLinear(num_gemms, in_features, out_features, ...)``; forward ``(inp, m_splits)``.
+
+    megatron-core's ``TEGroupedMLP`` (``--moe-grouped-gemm`` under ``--transformer-impl
+    transformer_engine``) builds its experts' ``linear_fc1`` / ``linear_fc2`` on this class through
+    ``TEColumnParallelGroupedLinear`` / ``TERowParallelGroupedLinear``. TE's semantics:
+
+    * ``num_gemms`` weights ``weight0 .. weight{n-1}``, each ``[out, in]`` (``bias{i}`` ``[out]``, zero
+      at start, or an empty tensor without bias), each initialised by ``init_method`` inside
+      ``get_rng_state_tracker().fork(rng_tracker_name)`` in that order; weights tagged
+      ``tensor_model_parallel`` (dim 1 for ``parallel_mode="row"``, else 0);
+    * ``forward(inp, m_splits)``: rows ``m_splits[0]`` go through expert 0, the next ``m_splits[1]``
+      through expert 1, ...; the output keeps the input's leading shape. ``return_bias`` returns
+      ``(out, [bias_i])`` with the biases not added (megatron scales them by the routing
+      probabilities itself);
+    * ``fuse_wgrad_accumulation`` (megatron's ``gradient_accumulation_fusion``) adds the weight
+      gradients into each weight's ``main_grad`` instead of returning them;
+    * the state dict holds ``_extra_state`` (empty, no FP8 state), and the FP8 bookkeeping megatron's
+      wrapper reads to split it per expert (``fp8``, ``fp8_calibration``, ``fp8_meta``) says "none".
+
+    The GEMM is :func:`ascend_patch.ops.grouped_gemm.grouped_matmul` (``npu_grouped_matmul`` on npu, a
+    loop over the non-empty experts on cpu). Like TE's, this class communicates nothing: megatron's
+    token dispatcher moves the tokens between expert-parallel and expert-tensor-parallel ranks and
+    hands it ``parallel_mode=None``. Refused with what to do instead: TE-level tensor parallelism
+    (``tp_size > 1`` with a ``parallel_mode``), userbuffer overlap, ``delay_wgrad_compute``.
+    """
 
     def __init__(self, num_gemms: int, in_features: int, out_features: int, sequence_parallel: bool = False,
                  fuse_wgrad_accumulation: bool = False, tp_group: Any = None, tp_size: int = 1,
@@ -80,7 +80,7 @@ class GroupedLinear(TEModule):
         self.fp8 = self.fp8_calibration = self.primary_weights_in_fp8 = False
         self.fp8_meta: dict[str, Any] = {"fp8_checkpoint": False, "recipe": None}
         dtype = params_dtype or torch.get_default_dtype()
-        where = target_device(device, self.backend)
+        where = target_device(device)
         init = init_method if init_method is not None else default_init_method
         for i in range(num_gemms):
             weight = torch.nn.Parameter(torch.empty(out_features, in_features, dtype=dtype, device=where))
@@ -127,7 +127,7 @@ class GroupedLinear(TEModule):
         else:
             accumulate = False
         x = inp.reshape(-1, self.in_features)
-        out = grouped_matmul(x, weights, m_splits, trans_b=True, accumulate_wgrad=accumulate, backend=self.backend)
+        out = grouped_matmul(x, weights, m_splits, trans_b=True, accumulate_wgrad=accumulate)
         if self.apply_bias:
             counts = torch.as_tensor(list(m_splits) if not isinstance(m_splits, Tensor) else m_splits,
                                      device=out.device)

@@ -1,32 +1,4 @@
-"""``transformer_engine.pytorch.Linear`` and ``LayerNormLinear`` on megatron-core's tensor-parallel functions.
-
-TE's semantics, as megatron-core's ``TELinear`` / ``TEColumnParallelLinear`` /
-``TERowParallelLinear`` / ``TELayerNormColumnParallelLinear`` use them:
-
-* ``parallel_mode="column"``: the weight is ``[out / tp, in]``; with ``sequence_parallel``
-  the input is all-gathered along the sequence (and its gradient reduce-scattered),
-  otherwise its gradient is all-reduced over the TP group. ``"row"``: the weight is
-  ``[out, in / tp]`` and the output is all-reduced (reduce-scattered under sequence
-  parallelism), the bias added after the reduction. ``None``: no communication.
-* The GEMM is megatron's ``linear_with_grad_accumulation_and_async_allreduce``, the one
-  its local ``ColumnParallelLinear`` / ``RowParallelLinear`` run, so both
-  ``--transformer-impl`` choices compute the same numbers; ``fuse_wgrad_accumulation``
-  (megatron's ``gradient_accumulation_fusion``) accumulates the weight gradient into
-  ``weight.main_grad`` there.
-* Initialisation as TE: the weight is created empty and ``init_method`` runs inside
-  ``get_rng_state_tracker().fork(rng_tracker_name)`` (the model-parallel stream by default);
-  the bias is zero. megatron's local layers draw the same stream in the same order, so
-  one seed gives both implementations the same weights.
-* Parameter tags as TE: weights ``tensor_model_parallel`` (dim 0, or 1 for row), a column
-  bias dim 0, a row bias ``sequence_parallel``; LayerNormLinear's norm parameters
-  ``sequence_parallel``. ``bias=False`` leaves ``bias`` an empty tensor, as TE does.
-* ``return_bias=True`` returns ``(out, bias)`` with the bias not added (megatron fuses it
-  with dropout and the residual). The state dict holds ``_extra_state`` (empty).
-
-Refused with an error saying what to do: TP communication overlap (``ub_*``,
-``--tp-comm-overlap``), ``delay_wgrad_compute``, ``symmetric_ar_type``, ``parameters_split``,
-and FP8 outputs.
-"""
+"""``transformer_engine.pytorch.Linear`` and ``LayerNormLinear`` on megatron-core's tensor-parallel functions."""
 
 from __future__ import annotations
 
@@ -68,7 +40,35 @@ def _check_options(api: str, *, parameters_split: Any, delay_wgrad_compute: bool
 
 
 class _ParallelLinear(TEModule):
-    """The GEMM and parameter handling Linear and LayerNormLinear share."""
+    """The GEMM and parameter handling Linear and LayerNormLinear share.
+
+    TE's semantics, as megatron-core's ``TELinear`` / ``TEColumnParallelLinear`` /
+    ``TERowParallelLinear`` / ``TELayerNormColumnParallelLinear`` use them:
+
+    * ``parallel_mode="column"``: the weight is ``[out / tp, in]``; with ``sequence_parallel``
+      the input is all-gathered along the sequence (and its gradient reduce-scattered),
+      otherwise its gradient is all-reduced over the TP group. ``"row"``: the weight is
+      ``[out, in / tp]`` and the output is all-reduced (reduce-scattered under sequence
+      parallelism), the bias added after the reduction. ``None``: no communication.
+    * The GEMM is megatron's ``linear_with_grad_accumulation_and_async_allreduce``, the one
+      its local ``ColumnParallelLinear`` / ``RowParallelLinear`` run, so both
+      ``--transformer-impl`` choices compute the same numbers; ``fuse_wgrad_accumulation``
+      (megatron's ``gradient_accumulation_fusion``) accumulates the weight gradient into
+      ``weight.main_grad`` there.
+    * Initialisation as TE: the weight is created empty and ``init_method`` runs inside
+      ``get_rng_state_tracker().fork(rng_tracker_name)`` (the model-parallel stream by default);
+      the bias is zero. megatron's local layers draw the same stream in the same order, so
+      one seed gives both implementations the same weights.
+    * Parameter tags as TE: weights ``tensor_model_parallel`` (dim 0, or 1 for row), a column
+      bias dim 0, a row bias ``sequence_parallel``; LayerNormLinear's norm parameters
+      ``sequence_parallel``. ``bias=False`` leaves ``bias`` an empty tensor, as TE does.
+    * ``return_bias=True`` returns ``(out, bias)`` with the bias not added (megatron fuses it
+      with dropout and the residual). The state dict holds ``_extra_state`` (empty).
+
+    Refused with an error saying what to do: TP communication overlap (``ub_*``,
+    ``--tp-comm-overlap``), ``delay_wgrad_compute``, ``symmetric_ar_type``, ``parameters_split``,
+    and FP8 outputs.
+    """
 
     def _setup_linear(self, api: str, in_features: int, out_features: int, *, sequence_parallel: bool,
                       fuse_wgrad_accumulation: bool, tp_group: Any, tp_size: int,
@@ -97,7 +97,7 @@ class _ParallelLinear(TEModule):
                                  f"tensor-parallel size {self.tp_size}")
             setattr(self, split, full // self.tp_size)
         dtype = params_dtype or torch.get_default_dtype()
-        where = target_device(device, self.backend)
+        where = target_device(device)
         self.weight = torch.nn.Parameter(torch.empty(self.out_features, self.in_features, dtype=dtype, device=where))
         init = init_method if init_method is not None else default_init_method
         if where.type != "meta":
@@ -223,7 +223,7 @@ class LayerNormLinear(_ParallelLinear):
         self.return_layernorm_output = return_layernorm_output
         sp = tp_size_of(tp_group, tp_size) > 1 and bool(sequence_parallel)
         norm_parameters(self, normalization, in_features, prefix="layer_norm_", zero_centered_gamma=zero_centered_gamma,
-                        sequence_parallel=sp, dtype=params_dtype, device=target_device(device, self.backend))
+                        sequence_parallel=sp, dtype=params_dtype, device=target_device(device))
         self._setup_linear("LayerNormLinear", in_features, out_features, sequence_parallel=sequence_parallel,
                            fuse_wgrad_accumulation=fuse_wgrad_accumulation, tp_group=tp_group, tp_size=tp_size,
                            get_rng_state_tracker=get_rng_state_tracker, rng_tracker_name=rng_tracker_name,
@@ -235,6 +235,6 @@ class LayerNormLinear(_ParallelLinear):
         if fp8_output or fp8_grad:
             raise fp8_unavailable("transformer_engine.pytorch.LayerNormLinear(fp8_output/fp8_grad=True)")
         ln_out = apply_norm(inp, self.normalization, self.layer_norm_weight, self.layer_norm_bias, self.eps,
-                            self.zero_centered_gamma, self.backend)
+                            self.zero_centered_gamma)
         out = self._gemm(ln_out)
         return self._outputs(out, ln_out) if self.return_layernorm_output else self._outputs(out)

@@ -1,17 +1,4 @@
-"""``transformer_engine.pytorch.LayerNorm`` / ``RMSNorm`` on the target, and the norm LayerNormLinear applies.
-
-TE's semantics: parameters ``weight`` (and ``bias`` for LayerNorm) over the last
-dimension; ``zero_centered_gamma`` stores gamma - 1 (initialised to zeros, applied as
-``1 + weight``); under ``sequence_parallel`` every parameter is tagged
-``sequence_parallel=True`` so megatron's ``finalize_model_grads`` all-reduces its partial
-gradient over the TP group (the norm sees only the local sequence shard).
-
-Kernels: RMS norm runs ``npu_rms_norm`` when the target's kernel table has it
-(:func:`ascend_patch.ops.norm.rms_norm`), else torch's ``rms_norm`` - the function
-megatron's local spec reaches through ``torch.nn.RMSNorm`` on cpu, so the two
-``--transformer-impl`` choices compute the same numbers. Layer norm is torch's fused
-``layer_norm`` on both targets (:func:`ascend_patch.ops.norm.layer_norm`).
-"""
+"""``transformer_engine.pytorch.LayerNorm`` / ``RMSNorm`` on the target, and the norm LayerNormLinear applies."""
 
 from __future__ import annotations
 
@@ -21,30 +8,42 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
+from ....backend import current_target
 from ....ops import norm as ops_norm
-from ._common import TargetBound, target_device
+from ._common import target_device
 
 __all__ = ["LayerNorm", "RMSNorm", "apply_norm", "norm_parameters"]
 
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 
 
-def apply_norm(x: Tensor, kind: str, weight: Tensor, bias: Tensor | None, eps: float, zero_centered_gamma: bool,
-               backend: Any) -> Tensor:
-    """``kind`` ("LayerNorm" / "RMSNorm") of ``x`` over its last dim, output in ``x``'s dtype."""
+def apply_norm(x: Tensor, kind: str, weight: Tensor, bias: Tensor | None, eps: float,
+               zero_centered_gamma: bool) -> Tensor:
+    """``kind`` ("LayerNorm" / "RMSNorm") of ``x`` over its last dim, output in ``x``'s dtype.
+
+    RMS norm runs ``npu_rms_norm`` when the current target's kernel table has it
+    (:func:`ascend_patch.ops.norm.rms_norm`), else torch's ``rms_norm`` - the function megatron's local
+    spec reaches through ``torch.nn.RMSNorm`` on cpu, so the two ``--transformer-impl`` choices compute
+    the same numbers. Layer norm is torch's fused ``layer_norm`` on both targets.
+    """
     gamma = weight + 1 if zero_centered_gamma else weight
     shape = (x.shape[-1],)
     if kind == "RMSNorm":
-        kernel = backend.kernels.get("npu_rms_norm") if backend is not None else None
-        if kernel is None and gamma.dtype == x.dtype:
+        if gamma.dtype == x.dtype and current_target().kernels.get("npu_rms_norm") is None:
             return F.rms_norm(x, shape, gamma, eps)
-        return ops_norm.rms_norm(x, shape, gamma, eps, backend=backend)
-    return ops_norm.layer_norm(x, shape, gamma, bias, eps, backend=backend)
+        return ops_norm.rms_norm(x, shape, gamma, eps)
+    return ops_norm.layer_norm(x, shape, gamma, bias, eps)
 
 
 def norm_parameters(module: torch.nn.Module, kind: str, hidden_size: int, *, prefix: str, zero_centered_gamma: bool,
                     sequence_parallel: bool, dtype: torch.dtype | None, device: Any) -> None:
-    """Register ``{prefix}weight`` (and ``{prefix}bias`` for LayerNorm) on ``module``, initialised as TE does."""
+    """Register ``{prefix}weight`` (and ``{prefix}bias`` for LayerNorm) on ``module``, initialised as TE does.
+
+    TE's semantics: ``zero_centered_gamma`` stores gamma - 1 (initialised to zeros, applied as
+    ``1 + weight``); under ``sequence_parallel`` every parameter is tagged ``sequence_parallel=True`` so
+    megatron's ``finalize_model_grads`` all-reduces its partial gradient over the TP group (the norm sees
+    only the local sequence shard).
+    """
     if kind not in NORMALIZATIONS:
         raise ValueError(f"normalization={kind!r} is not supported by the transformer_engine layer; use "
                          f"{' or '.join(NORMALIZATIONS)} (--normalization)")
@@ -63,7 +62,7 @@ def norm_parameters(module: torch.nn.Module, kind: str, hidden_size: int, *, pre
             param.sequence_parallel = sequence_parallel  # type: ignore[attr-defined]
 
 
-class _Norm(TargetBound, torch.nn.Module):
+class _Norm(torch.nn.Module):
     kind = "LayerNorm"
 
     def __init__(self, normalized_shape: int | None = None, eps: float = 1e-5, sequence_parallel: bool | None = None,
@@ -84,10 +83,10 @@ class _Norm(TargetBound, torch.nn.Module):
         self.sequence_parallel = bool(sequence_parallel)
         norm_parameters(self, self.kind, int(size), prefix="", zero_centered_gamma=zero_centered_gamma,
                         sequence_parallel=self.sequence_parallel, dtype=params_dtype,
-                        device=target_device(device, self.backend))
+                        device=target_device(device))
 
     def forward(self, inp: Tensor) -> Tensor:
-        return apply_norm(inp, self.kind, self.weight, self.bias, self.eps, self.zero_centered_gamma, self.backend)
+        return apply_norm(inp, self.kind, self.weight, self.bias, self.eps, self.zero_centered_gamma)
 
     def extra_repr(self) -> str:
         return f"{self.normalized_shape[0]}, eps={self.eps}, zero_centered_gamma={self.zero_centered_gamma}"

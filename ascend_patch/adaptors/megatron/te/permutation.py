@@ -1,29 +1,7 @@
 """``transformer_engine.pytorch.permutation``: the MoE token permutations behind ``--moe-permute-fusion``.
 
-megatron-core 0.16 imports ``moe_permute``, ``moe_permute_with_probs``, ``moe_unpermute``,
-``moe_sort_chunks_by_index`` and ``moe_sort_chunks_by_index_with_probs`` from here (TE >= 2.1) and,
-with ``--moe-permute-fusion``, its token dispatchers call them instead of ``moe_utils.permute`` /
-``unpermute`` / ``sort_chunks_by_idxs``. TE's "mask" map type is what megatron uses: ``routing_map``
-is a ``[tokens, experts]`` boolean mask; permuted rows are grouped by expert, tokens in their
-original order within an expert (megatron's unfused order, which the grouped GEMM's
-``tokens_per_expert`` splits rely on).
-
-The ``row_id_map`` handed from ``moe_permute`` to ``moe_unpermute`` is opaque to megatron (it
-stores it and passes it back): on the torch path it is ``[tokens, experts]`` int64, the permuted
-row of each (token, expert) pair or -1, so unpermuting knows each row's token and expert (for the
-merging probabilities) and the number of tokens; the npu kernels' is ``[2, tokens, topk]`` int32
-(see :mod:`.permutation_npu`).
-
-The ops are index_select / masked_select / scatter_add / split / cat, differentiable by autograd,
-on any device: the same arithmetic as megatron's unfused functions, so a run with the flag equals
-the run without.
-
-On npu, ``moe_permute`` / ``moe_permute_with_probs`` / ``moe_unpermute`` call torch_npu's
-``npu_moe_token_permute`` / ``npu_moe_token_unpermute`` from the backend's kernel table where the
-kernels' documented limits hold (every token routed to the same number of experts, float16 /
-bfloat16 / float32): see :mod:`.permutation_npu`, which also records why it stepped aside
-elsewhere. The chunk sorts have no torch_npu kernel and stay split / cat on both targets. The shim
-binds each function to the target it was built for (``backend``).
+megatron-core 0.16's token dispatchers call them instead of ``moe_utils.permute`` / ``unpermute`` /
+``sort_chunks_by_idxs``; torch index ops with megatron's arithmetic, so a run with the flag equals the run without.
 """
 
 from __future__ import annotations
@@ -32,17 +10,16 @@ from typing import Any
 
 import torch
 
+from ....backend import current_target
 from . import permutation_npu as npu
 from ._common import refuse
 
 __all__ = ["moe_permute", "moe_permute_with_probs", "moe_sort_chunks_by_index",
            "moe_sort_chunks_by_index_with_probs", "moe_unpermute"]
 
-# the functions that take the target's kernels (the shim binds ``backend``)
-ON_TARGET = frozenset({"moe_permute", "moe_permute_with_probs", "moe_unpermute"})
-
 
 def _check_map_type(api: str, map_type: str) -> None:
+    # TE's "mask" map type is what megatron uses: routing_map is a [tokens, experts] boolean mask
     if map_type != "mask":
         raise refuse(api, f"map_type={map_type!r}", "only the 'mask' routing map megatron-core uses is implemented",
                      "pass a [tokens, experts] boolean routing_map with map_type='mask'")
@@ -58,24 +35,32 @@ def _expert_major(routing_map: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
 
 
 def _row_id_map(routing_map: torch.Tensor, token_ids: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
+    """The ``row_id_map`` of the torch path: ``[tokens, experts]`` int64, the permuted row of each (token, expert)
+    pair or -1, so unpermuting knows each row's token and expert (for the merging probabilities) and the number
+    of tokens. It is opaque to megatron (stored and passed back); the npu kernels' is ``[2, tokens, topk]`` int32
+    (:mod:`.permutation_npu`)."""
     rows = torch.full(routing_map.shape, -1, dtype=torch.int64, device=routing_map.device)
     rows[token_ids, expert_ids] = torch.arange(token_ids.numel(), device=routing_map.device)
     return rows
 
 
-def _kernels(backend: Any) -> Any:
-    return backend.kernels if backend is not None else None
 
 
 def moe_permute(inp: torch.Tensor, routing_map: torch.Tensor, num_out_tokens: Any = -1, max_token_num: int = -1,
-                map_type: str = "mask", *, backend: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+                map_type: str = "mask") -> tuple[torch.Tensor, torch.Tensor]:
     """Group ``inp``'s rows ``[tokens, hidden]`` by expert; returns ``(permuted, row_id_map)``.
 
-    ``num_out_tokens`` is the number of selected (token, expert) pairs megatron computed; the
-    routing map already holds exactly those (dropped tokens are cleared, padded ones set).
+    Rows are grouped by expert, tokens in their original order within an expert (megatron's unfused
+    order, which the grouped GEMM's ``tokens_per_expert`` splits rely on). ``num_out_tokens`` is the
+    number of selected (token, expert) pairs megatron computed; the routing map already holds exactly
+    those (dropped tokens are cleared, padded ones set). The current target's ``npu_moe_token_permute`` /
+    ``npu_moe_token_unpermute`` run where their documented limits hold (every token routed to the same
+    number of experts, float16 / bfloat16 / float32; :mod:`.permutation_npu` records why it stepped aside
+    elsewhere); else index_select / masked_select / scatter_add, differentiable by autograd. The chunk
+    sorts have no torch_npu kernel and stay split / cat on both targets.
     """
     _check_map_type("permutation.moe_permute", map_type)
-    fused = npu.permute(_kernels(backend), inp, routing_map, None, num_out_tokens, "moe_permute")
+    fused = npu.permute(current_target().kernels, inp, routing_map, None, num_out_tokens, "moe_permute")
     if fused is not None:
         return fused[0], fused[2]
     _, token_ids, expert_ids = _expert_major(routing_map)
@@ -83,10 +68,9 @@ def moe_permute(inp: torch.Tensor, routing_map: torch.Tensor, num_out_tokens: An
 
 
 def moe_permute_with_probs(inp: torch.Tensor, probs: torch.Tensor, routing_map: torch.Tensor,
-                           num_out_tokens: Any = -1, *, backend: Any = None
-                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                           num_out_tokens: Any = -1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`moe_permute` that also permutes ``probs`` ``[tokens, experts]``: ``(permuted, probs, row_id_map)``."""
-    fused = npu.permute(_kernels(backend), inp, routing_map, probs, num_out_tokens, "moe_permute_with_probs")
+    fused = npu.permute(current_target().kernels, inp, routing_map, probs, num_out_tokens, "moe_permute_with_probs")
     if fused is not None:
         return fused  # type: ignore[return-value]  (probs given: permuted probs are a tensor)
     mask, token_ids, expert_ids = _expert_major(routing_map)
@@ -96,13 +80,13 @@ def moe_permute_with_probs(inp: torch.Tensor, probs: torch.Tensor, routing_map: 
 
 def moe_unpermute(inp: torch.Tensor, row_id_map: torch.Tensor, merging_probs: torch.Tensor | None = None,
                   restore_shape: Any = None, map_type: str = "mask",
-                  probs: torch.Tensor | None = None, *, backend: Any = None) -> torch.Tensor:
+                  probs: torch.Tensor | None = None) -> torch.Tensor:
     """Sum each token's permuted rows back into place, weighted by ``merging_probs[token, expert]`` if given."""
     _check_map_type("permutation.moe_unpermute", map_type)
     if merging_probs is None:
         merging_probs = probs  # TE's older name of the argument
     if npu.is_kernel_map(row_id_map):  # made by the kernel: only its own layout undoes it
-        return npu.unpermute(_kernels(backend), inp, row_id_map, merging_probs, restore_shape)
+        return npu.unpermute(current_target().kernels, inp, row_id_map, merging_probs, restore_shape)
     tokens, _ = row_id_map.shape
     _, token_ids, expert_ids = _expert_major(row_id_map >= 0)  # rows were numbered in this order
     hidden = inp.shape[-1]

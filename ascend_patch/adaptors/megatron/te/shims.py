@@ -1,41 +1,16 @@
-"""The ``transformer_engine`` shim modules: the TE layer served while the real package is missing."""
+"""The ``transformer_engine`` shim: :data:`~ascend_patch.adaptors.megatron.te.SURFACE` served while TE is missing."""
 
 from __future__ import annotations
 
-import functools
 import sys
-from collections.abc import Callable
 from typing import Any
 
-from ....ops.shims import ShimCatalog, bound_to, named_class, shim_module
-from ....shim import ShimModule
-from . import SURFACE, surface
+from ....shim import ShimBuilder
+from . import SURFACE
 
-__all__ = ["TECatalog", "te_hidden_from", "te_shim_patches"]
+__all__ = ["te_hidden_from", "te_shim_patches"]
 
 _MEGATRON_TE = "megatron.core.extensions.transformer_engine"
-
-_TE_HINTS = {
-    "ops": "TE's operation-based API is not provided; drop --use-te-activation-func and "
-           "--use-transformer-engine-op-fuser",
-    "module": "TE's userbuffers (--tp-comm-overlap) are not available on this target; drop --tp-comm-overlap",
-    "attention": "TE's fused RoPE / packed-QKV helpers are not provided; megatron-core falls back to its own",
-    "*": "ascend_patch's transformer_engine layer provides transformer_engine.pytorch.Linear, LayerNormLinear, "
-         "GroupedLinear, LayerNorm, RMSNorm, DotProductAttention, fp8_autocast (FP8 off), .optimizers, "
-         ".distributed's RNG tracker, .permutation (--moe-permute-fusion), .router (--moe-router-fusion), "
-         ".cross_entropy "
-         "(--cross-entropy-fusion-impl te) and transformer_engine.common.recipe; see docs/megatron.md for the "
-         "coverage table",
-}
-_TE_OPT_HINTS = {
-    "multi_tensor_adam_fp8": "fp8 optimizer states are not supported; use multi_tensor_adam",
-    "multi_tensor_adam_capturable": "CUDA-graph capture is not available; use multi_tensor_adam",
-    "multi_tensor_adam_capturable_master": "CUDA-graph capture is not available; use multi_tensor_adam",
-    "multi_tensor_unscale_l2norm": "call multi_tensor_scale with 1/scale, then multi_tensor_l2norm",
-    "multi_tensor_scale_tensor": "use multi_tensor_scale with a Python float",
-    "*": "the shim provides FusedAdam, FusedSGD, multi_tensor_applier, multi_tensor_scale, multi_tensor_l2norm, "
-         "multi_tensor_adam and multi_tensor_sgd",
-}
 
 
 def te_hidden_from() -> tuple[str, ...]:
@@ -54,65 +29,14 @@ def te_hidden_from() -> tuple[str, ...]:
     return ()
 
 
-class TECatalog:
-    """The TE layer's objects, built once per apply and bound to one backend (one class per name)."""
-
-    def __init__(self, backend: Any) -> None:
-        self.backend = backend
-        self.ops = ShimCatalog(backend)  # TE's optimizers share apex's multi-tensor ops
-        self._classes: dict[str, type] = {}
-
-    @functools.cached_property
-    def te_optimizers(self) -> dict[str, Any]:
-        from ....ops import multi_tensor as mt
-        from ....ops import optim
-
-        mod = "transformer_engine.pytorch.optimizers"
-        bind = {"backend": self.backend}
-        return {"FusedAdam": named_class(optim.TEFusedAdam, "FusedAdam", f"{mod}.fused_adam", **bind),
-                "FusedSGD": named_class(optim.TEFusedSGD, "FusedSGD", f"{mod}.fused_sgd", **bind),
-                "MultiTensorApply": mt.TEMultiTensorApply, "multi_tensor_applier": mt.te_multi_tensor_applier,
-                "multi_tensor_scale": mt.multi_tensor_scale, "multi_tensor_l2norm": mt.multi_tensor_l2norm,
-                "multi_tensor_adam": self.ops.multi_tensor["multi_tensor_adam"],
-                "multi_tensor_sgd": self.ops.multi_tensor["multi_tensor_sgd"]}
-
-    def bound(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        """``fn`` called with ``backend=`` this catalog's backend."""
-        return bound_to(fn, self.backend)
-
-    def te_bound(self, cls: type, name: str, module: str) -> type:
-        """``cls`` as the shim's class ``name``, bound to this catalog's backend (one class per name per apply)."""
-        bound = self._classes.get(name)
-        if bound is None:
-            attr = "_bound_backend" if "_bound_backend" in dir(cls) else "backend"
-            bound = self._classes[name] = named_class(cls, name, module, **{attr: self.backend})
-        return bound
-
-    def build(self, name: str) -> ShimModule:
-        """The shim module called ``name`` (one of :data:`SURFACE`)."""
-        if name not in SURFACE:
-            raise KeyError(f"no transformer_engine shim called {name!r}; known: {', '.join(SURFACE)}")
-        doc, _build, children = SURFACE[name]
-        attrs = surface(self, name)
-        hints = {"transformer_engine.pytorch.optimizers": _TE_OPT_HINTS,
-                 "transformer_engine.pytorch.ops": {"*": _TE_HINTS["ops"]}}.get(name, _TE_HINTS)
-        mod = shim_module(name, doc, hints, {k: v for k, v in attrs.items() if not k.startswith("__")},
-                          children=children)
-        for key, value in attrs.items():
-            if key.startswith("__"):
-                setattr(mod, key, value)  # e.g. __version__: on the module, not in __all__
-        return mod
-
-
 def te_shim_patches(backend: Any) -> list[Any]:
-    """MODULE patches serving every module of :data:`SURFACE`, bound to ``backend``."""
+    """MODULE patches serving every module of :data:`SURFACE` (``backend`` decides the reported action)."""
     from ....patch import Action, ModuleShim
 
-    catalog = TECatalog(backend)
+    build = ShimBuilder(SURFACE)  # one per apply: one class per name
     action = Action.TRANSLATED if backend.name == "npu" else Action.EMULATED
     hidden = te_hidden_from()
     reason = ("transformer_engine is CUDA-only; serve ascend_patch's adapted {} while it is not installed (not to "
               "megatron-core when it was imported before ascend_patch without it: it keeps its local path)")
-    return [ModuleShim(target=name, make=catalog.build, action=action, hidden_from=hidden,
-                       reason=reason.format(name))
+    return [ModuleShim(target=name, make=build, action=action, hidden_from=hidden, reason=reason.format(name))
             for name in SURFACE]
