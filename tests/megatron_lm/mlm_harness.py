@@ -40,7 +40,7 @@ import subprocess
 import sys
 import tarfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,8 +48,8 @@ from typing import Any
 from helpers import REPO, child_env
 
 __all__ = ["ConvertedRun", "Launch", "MegatronLM", "MegatronRun", "MegatronRunFailed", "RELEASES", "Release", "TINY_GPT",
-           "cli", "find_tarball", "find_vendor", "first_error", "padded_cross_entropy", "periodic_data", "python_tools", "run_converted",
-           "tiny_hf_model", "unpack", "wait_all"]
+           "cli", "find_tarball", "find_vendor", "first_error", "padded_cross_entropy", "periodic_data", "python_tools",
+           "run_converted", "run_side_by_side", "tiny_hf_model", "unpack", "wait_all"]
 
 
 @dataclass(frozen=True)
@@ -354,6 +354,48 @@ def wait_all(*launches: Launch) -> list[MegatronRun]:
             launch.kill()
 
 
+def run_side_by_side(starts: Mapping[str, Callable[[], Launch]], after: Mapping[str, str] | None = None,
+                     width: int = 2) -> dict[str, MegatronRun | MegatronRunFailed]:
+    """Run the launches ``starts`` names (name -> a function that starts it), ``width`` at a time, each one that
+    ``after`` maps to another only once that one has succeeded; returns each one's run or the failure it raised
+    (a launch whose prerequisite failed is not started: it gets that failure).
+
+    On 2 cores two 2-process launches side by side take less wall time than one after the other (measured
+    64-84 s against 107 s for a TE TP2 run with a torch_dist save and an MoE run): much of a launch is
+    imports, the torch_dist writer's spawn child and rendezvous, which leave a core idle part of the time.
+    """
+    after = dict(after or {})
+    waiting = list(starts)
+    running: dict[str, Launch] = {}
+    done: dict[str, MegatronRun | MegatronRunFailed] = {}
+    try:
+        while waiting or running:
+            for name in list(waiting):
+                if len(running) >= width:
+                    break
+                first = after.get(name)
+                if first is not None and first not in done:
+                    continue
+                waiting.remove(name)
+                if first is not None and isinstance(done[first], MegatronRunFailed):
+                    done[name] = MegatronRunFailed(f"not started: {first} failed")
+                    continue
+                running[name] = starts[name]()
+            finished = [name for name, launch in running.items()
+                        if launch.proc.poll() is not None or time.monotonic() > launch.deadline]
+            for name in finished:
+                try:
+                    done[name] = running.pop(name).wait()
+                except MegatronRunFailed as failure:
+                    done[name] = failure
+            if not finished:
+                time.sleep(0.2)
+    finally:
+        for launch in running.values():
+            launch.kill()
+    return done
+
+
 def _line_count(path: Path) -> int:
     return len(path.read_text().splitlines()) if path.exists() else 0
 
@@ -371,15 +413,23 @@ def _printed(output: str) -> dict[int, tuple[float, float | None]]:
     return found
 
 
-_ERROR = re.compile(r"\b(\w+(?:Error|Exception)|AssertionError)\b: ")
+_RANK = re.compile(r"^\[(?:default)?rank\d+\]:\s?")
+_ERROR = re.compile(r"^[\w.]*(?:Error|Exception)\b: ")
 
 
 def first_error(output: str) -> str:
-    """The first line of ``output`` that names an exception (a worker's, not torchrun's summary), or ''."""
-    for line in output.splitlines():
-        if _ERROR.search(line) and "ChildFailedError" not in line and "Warning" not in line:
-            return line.strip()
-    return ""
+    """The exception line of the first traceback in ``output`` (a worker's, not torchrun's summary), or ''."""
+    lines = [_RANK.sub("", line) for line in output.splitlines()]
+    for i, line in enumerate(lines):
+        if line.startswith("Traceback (most recent call last):"):
+            for after in lines[i + 1:]:
+                if after and not after[0].isspace() and not after.startswith(("Traceback", "During handling",
+                                                                                "The above exception")):
+                    if "ChildFailedError" not in after:
+                        return after.strip()
+                    break
+    found = [line for line in lines if _ERROR.search(line) and "ChildFailedError" not in line]
+    return found[0].strip() if found else ""
 
 
 def _tail(output: str, lines: int = 60) -> str:
