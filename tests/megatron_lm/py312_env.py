@@ -7,10 +7,13 @@ Megatron-LM main imports ``typing.override`` (Python >= 3.12); the project's own
 
 ``pip install -e '.[test]'`` into it brings torch 2.13.0 (for cp312 the registry's CUDA build, about 1.35 GB
 to download and 5 GB installed, with triton; the harness hides triton where a test asks, see
-``hide_triton/``) and pybind11, which Megatron-LM's dataset-helper build runs. The ``megatron_release``
-fixture calls :func:`ensure` for main, so a plain ``pytest`` builds it on first use; CI builds it in a step of
-its own (``.ci/run``) to time it apart. A finished build leaves a marker holding the hash of
-``pyproject.toml``: without it (an interrupted build, a changed pyproject) the install runs again.
+``hide_triton/``) and pybind11, which Megatron-LM's dataset-helper build runs. No CPU build of torch 2.13 for
+cp312 is on the registries this project installs from (PyPI has the CUDA one; the local wheel folder only the
+cp311 CPU one), so the environment costs about 2 minutes and 5 GB: tests do not build it. The
+``megatron_release`` fixture uses it when :func:`ready` finds it and skips main's tests otherwise, saying how to
+build it; CI builds it in a step of its own (``.ci/run``). A finished build leaves a marker holding the hash
+of ``pyproject.toml``: without it (an interrupted build) the environment is not ready, and :func:`ensure`
+installs again when the hash differs.
 """
 
 from __future__ import annotations
@@ -69,6 +72,17 @@ def _fingerprint() -> str:
 
 def python_of(dest: Path) -> Path:
     return dest / "bin" / "python"
+
+
+def ready(dest: Path | None = None) -> Path | None:
+    """The python of a finished environment at ``dest`` (default :func:`default_dest`), or None."""
+    dest = Path(dest or default_dest())
+    return python_of(dest) if (dest / MARKER).is_file() and _version_of(str(python_of(dest))) == NEEDED else None
+
+
+HOW_TO_BUILD = ("Megatron-LM main needs Python 3.12: build its environment first with "
+                "`python tests/megatron_lm/py312_env.py [DEST]` (about 2 minutes, 1.35 GB to download, 5 GB on disk; "
+                "DEST defaults to $MEGATRON_PY312_VENV, else .venv312), as .ci/run does")
 
 
 def ensure(dest: Path | None = None, *, quiet: bool = True) -> Path:
