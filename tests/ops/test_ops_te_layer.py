@@ -367,3 +367,35 @@ def test_rng_tracker_forks_the_targets_generator(te):
         with tracker.fork("missing"):
             pass
     assert math.isfinite(float(a.sum()))
+
+
+def test_linear_passes_process_groups_only_to_releases_that_take_them(world, monkeypatch):
+    """megatron-core 0.12's tensor-parallel GEMM has no ``tp_group`` keyword (release fact ``tp_group_arguments``):
+    the layer calls it the way that release's own callers do, on the global tensor-parallel group."""
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import layers
+
+    from ascend_patch.adaptors.megatron import releases
+
+    te = world
+    seen = []
+    real = layers.linear_with_grad_accumulation_and_async_allreduce
+
+    def recording(*args, **kwargs):
+        seen.append(sorted(kwargs))
+        return real(*args, **kwargs)
+
+    recording.warned = getattr(real, "warned", False)  # the function reads its own attribute by its module name
+    monkeypatch.setattr(layers, "linear_with_grad_accumulation_and_async_allreduce", recording)
+    tp = parallel_state.get_tensor_model_parallel_group()
+    lin = te.Linear(16, 8, tp_group=tp)
+    x = torch.randn(5, 3, 16)
+    for version, keywords in (("0.12.1", []), ("0.13.1", ["tp_group"]), ("0.20.0", ["tp_group"])):
+        monkeypatch.setattr(releases, "current_version", lambda version=version: version)
+        torch.testing.assert_close(lin(x), F.linear(x, lin.weight))
+        assert seen.pop() == keywords, version
+    monkeypatch.setattr(releases, "current_version", lambda: "0.12.1")
+    other = te.Linear(16, 8, tp_group=torch.distributed.new_group([0]))
+    with pytest.raises(UnsupportedOption, match=r"megatron-core 0\.12\.1's tensor-parallel GEMM and reductions always "
+                                                r"use the global tensor-parallel group"):
+        other(x)
