@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from ascend_patch.shim import ShimImportError, ShimMissing, is_shim
+from ascend_patch.unsupported import UnsupportedOption
 from npu_references import CallLog, reference_npu_fusion_attention, reference_npu_rms_norm
 
 
@@ -70,8 +71,19 @@ def test_megatron_sees_the_layer_and_remove_takes_it_away(cpu_settings, monkeypa
         assert tep.Linear is importlib.import_module("transformer_engine.pytorch").Linear
         with pytest.raises(ShimImportError, match=r"--tp-comm-overlap"):
             _import_as("megatron.training.probe", "from transformer_engine.pytorch import module")
+        # TE's op-based API: the names megatron-core reads exist; building one refuses, naming what built it
+        with pytest.raises(UnsupportedOption, match=r"ops\.SwiGLU was built by megatron-core's TE activation, "
+                                                    r"selected by --use-te-activation-func \(megatron\.core\.probe"):
+            _import_as("megatron.core.probe", "import transformer_engine as te\nclass TEActivationOp:\n"
+                                              "    def __init__(self):\n        te.pytorch.ops.SwiGLU()\n"
+                                              "TEActivationOp()")
+        with pytest.raises(UnsupportedOption, match=r"ops\.GELU was built by megatron-core's TEFusedMLP, the MLP of "
+                                                    r"--use-transformer-engine-op-fuser"):
+            _import_as("megatron.core.probe", "import transformer_engine as te\nclass TEFusedMLP:\n"
+                                              "    def __init__(self):\n        te.pytorch.ops.GELU()\n"
+                                              "TEFusedMLP()")
         with pytest.raises(ShimMissing, match=r"--use-te-activation-func"):
-            tep.ops.SwiGLU
+            tep.ops.NoSuchOperation
         router = importlib.import_module("transformer_engine.pytorch.router")  # megatron imports it from 2.7
         assert is_shim(router) and callable(router.fused_topk_with_score_function)
     finally:
