@@ -6,8 +6,8 @@ import functools
 import re
 import sys
 
-__all__ = ["COMPILED_AT_IMPORT", "COMPILED_DIRECTLY", "FACTS", "MAIN", "PACKAGE", "SUPPORTED", "TRITON_FLAGS",
-           "current_version", "has", "needed_on", "supported", "supported_text"]
+__all__ = ["COMPILED_AT_IMPORT", "COMPILED_DIRECTLY", "FACTS", "MAIN", "PACKAGE", "SUPPORTED",
+           "TRITON_KERNEL_USERS", "current_version", "has", "needed_on", "supported", "supported_text"]
 
 PACKAGE = "megatron-core"
 SUPPORTED = ">=0.12,<0.18"  # the release lines every Megatron patch was checked against
@@ -130,12 +130,12 @@ COMPILED_DIRECTLY: tuple[tuple[str, str], ...] = tuple(
     ("megatron.core.transformer.hyper_connection", f"HyperConnectionModule.{name}")
     for name in ("_projection_and_get_norm", "_compute_h", "_apply_h_post", "aggregate", "apply_h_res"))
 
-# megatron-core modules that import triton at module level and whose importers have no fallback,
-# with what asks for their kernels; tests/ops/test_triton_shim.py checks them against a scan
-TRITON_IMPORTERS: dict[str, str] = {
-    # imported by megatron/training/initialize.py
+# What asks for the kernels of megatron-core modules that import triton (module, or package, -> the flag or
+# feature), named when such a kernel is launched without triton. Which importers get the triton shim is not
+# listed: a rule decides (triton_shim.served_importer).
+TRITON_KERNEL_USERS: dict[str, str] = {
     "megatron.core.transformer.custom_layers.batch_invariant_kernels": "--batch-invariant-mode",
-    # imported by megatron.core.ssm.mamba_mixer
-    "megatron.core.inference.contexts.attention_context.triton.tensor_ops":
-        "Mamba's dynamic-inference context (megatron.core.ssm.mamba_mixer)",
+    "megatron.core.transformer.moe.ops.paged_stash": "--moe-paged-stash",
+    "megatron.core.ssm": "Mamba layers (hybrid models)",
+    "megatron.core.inference": "dynamic inference",
 }

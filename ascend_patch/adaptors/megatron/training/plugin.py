@@ -36,9 +36,9 @@ def training_patches(backend: Any, settings: Any = None) -> list[Patch]:
     return [
         *optional,
         # --- shims: modules megatron-core imports unconditionally from Megatron-LM's import chain
-        *(ModuleShim(name, "megatron-core's batch-invariant kernels (imported by Megatron-LM's "
-                "initialize) and Mamba inference ops import triton with no fallback: while triton is not installed, "
-                "serve those two modules (only) a triton whose kernels refuse to launch",
+        *(ModuleShim(name, "megatron-core modules import triton with no fallback on their import chain (0.16's "
+                "batch-invariant kernels, main's MoE paged stash and Mamba ops, ...): while triton is not installed, "
+                "serve megatron importers outside a try/except ImportError a triton whose kernels refuse to launch",
                 make=triton_shim.build_triton_shim, action=Action.UNSUPPORTED,
                 hidden_from=triton_shim.HIDDEN_FROM, api=name)
           for name in triton_shim.TRITON_NAMES),
