@@ -57,8 +57,10 @@ def release_launcher(name: str, into: Path) -> MegatronLM:
         import py312_env
 
         python = str(py312_env.ensure())
-    return MegatronLM(root, python=python, tools=python_tools(python, into / f"tools-{release}"), name=name,
-                      hide_triton=name == "main")
+    mlm = MegatronLM(root, python=python, tools=python_tools(python, into / f"tools-{release}"), name=name,
+                     hide_triton=name == "main")
+    mlm.build_helpers()
+    return mlm
 
 
 def launch(mlm: MegatronLM, iters: int, work: Path) -> tuple[list[float], list[float], str]:

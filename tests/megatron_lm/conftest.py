@@ -77,6 +77,7 @@ def megatron_release(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str]
         tools = python_tools(python, tmp_path_factory.mktemp(f"python-tools-{release}"))
         made[name] = MegatronLM(trees[release], python=python, tools=tools, name=name,
                                 hide_triton=release == "main" and not variant)
+        made[name].build_helpers()  # before any launch: two side by side would both build them
         return made[name]
 
     return get

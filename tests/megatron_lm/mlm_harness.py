@@ -247,6 +247,16 @@ class MegatronLM:
         assert done.returncode == 0, f"{self.name}: {done.stderr[-3000:]}"
         return done.stdout
 
+    def build_helpers(self) -> None:
+        """Compile the checkout's dataset helpers now, as rank 0 of a launch would (a no-op when built or when
+        megatron-core is the wheel): launches run side by side must not build them at the same time, one
+        importing the ``.so`` the other is still writing."""
+        datasets = self.root / "megatron" / "core" / "datasets"
+        if (datasets / "Makefile").is_file():
+            done = subprocess.run(["make", "-C", str(datasets)], env=self.environ(), capture_output=True, text=True,
+                                  timeout=600)
+            assert done.returncode == 0, f"{self.name}: make -C {datasets}:\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
+
     @functools.cached_property
     def detected(self) -> dict[str, Any]:
         """What ascend_patch detects in a launch's process: ``version``, ``kind`` ("wheel" / "checkout"), ``path``,
