@@ -109,6 +109,7 @@ class MegatronRun:
     workdir: Path
     records: list[dict] = field(default_factory=list)  # ASCEND_PATCH_TRAINING_LOG lines, in order
     printed: dict[int, tuple[float, float | None]] = field(default_factory=dict)  # iteration -> (lm loss, grad norm)
+    seconds: float = 0.0  # the launch's wall time
 
     @property
     def iterations(self) -> list[int]:
@@ -324,7 +325,8 @@ class Launch:
         self.first_new = _line_count(self.log)
         self.output_path = workdir / f"output-{len(list(workdir.glob('output-*.log')))}.log"
         self.timeout = timeout
-        self.deadline = time.monotonic() + timeout
+        self.started = time.monotonic()
+        self.deadline = self.started + timeout
         with open(self.output_path, "w") as out:
             self.proc = subprocess.Popen(cmd, cwd=workdir, env=environ, stdout=out, stderr=subprocess.STDOUT,
                                          text=True, start_new_session=True)
@@ -348,7 +350,8 @@ class Launch:
             raise MegatronRunFailed(f"pretrain_gpt.py exited {self.proc.returncode}: {' '.join(self.args)}\n"
                                     f"first error: {first_error(output)}\n{_tail(output)}")
         records = _read_records(self.log)[self.first_new:] if self.log.exists() else []
-        return MegatronRun(self.args, self.proc.returncode, output, self.workdir, records, _printed(output))
+        return MegatronRun(self.args, self.proc.returncode, output, self.workdir, records, _printed(output),
+                           time.monotonic() - self.started)
 
 
 def wait_all(*launches: Launch) -> list[MegatronRun]:

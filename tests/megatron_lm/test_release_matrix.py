@@ -46,7 +46,9 @@ skip while the Python 3.12 environment is not built (``py312_env.py``; ``.ci/run
 from __future__ import annotations
 
 import functools
+import json
 import math
+import os
 import re
 from collections.abc import Callable
 
@@ -133,6 +135,11 @@ class Launches:
         return got
 
 
+def _cause(failure: MegatronRunFailed) -> str:
+    lines = str(failure).splitlines()
+    return next((line for line in lines if line.startswith("first error:")), lines[0])[:300]
+
+
 @pytest.fixture(scope="module")
 def launches(request, megatron_release, tmp_path_factory) -> Callable[[str], Launches]:
     selected: dict[str, list[str]] = {}  # release -> the kinds this session runs
@@ -145,6 +152,18 @@ def launches(request, megatron_release, tmp_path_factory) -> Callable[[str], Lau
         elif item.originalname == "test_a_checkpoint_saved_by_one_release_continues_under_another":
             selected.setdefault(spec.params["saved_by"], []).append("te_tp2")
     per_release: dict[str, Launches] = {}
+    yield_report = os.environ.get("MEGATRON_MATRIX_REPORT")  # a JSON file: each launch's outcome and wall time
+
+    def report() -> None:
+        done = {release: {name: ({"ok": True, "seconds": round(got.seconds, 1)} if isinstance(got, MegatronRun)
+                                 else {"ok": False, "error": _cause(got)})
+                          for name, got in launch.done.items()}
+                for release, launch in per_release.items()}
+        with open(yield_report, "w") as f:
+            json.dump(done, f, indent=1)
+
+    if yield_report:
+        request.addfinalizer(report)
 
     def get(release: str) -> Launches:
         if release not in per_release:
