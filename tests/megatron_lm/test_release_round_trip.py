@@ -6,8 +6,8 @@ layer spec, which asks megatron-core what it has), trains one iteration at TP2 a
 ``torch_dist`` format. ``ascend-patch convert`` then reads that save (``--verify``) and writes HF; the HF
 model's logits equal the ones megatron-core computes after loading the release's save with its own
 re-sharding loader (tests/loaders/dist_logits_worker.py, at TP1). 0.16.1 does the same at TP2 PP2 in
-test_torch_dist_qwen3.py; CI runs 0.12.1 (MindSpeed-LLM's) and 0.17.1 (Ascend's newest stack), and
-``--release-matrix all`` adds 0.14.0.
+test_torch_dist_qwen3.py; CI runs 0.12.1 (MindSpeed-LLM's), and ``--release-matrix all`` adds 0.14.0 and
+0.17.1 (Ascend's newest stack).
 """
 
 from __future__ import annotations
@@ -24,8 +24,10 @@ from test_torch_dist_qwen3 import _train_args
 
 pytestmark = pytest.mark.slow
 
+# CI: 0.12.1, the release whose round trip was broken (0.17.1's ran through before; it runs with 0.14.0's under
+# --release-matrix all, keeping CI's share of the release tests within its budget)
 ROUND_TRIP = [pytest.param("0.12.1"), pytest.param("0.14.0", marks=pytest.mark.release_matrix_full),
-              pytest.param("0.17.1")]
+              pytest.param("0.17.1", marks=pytest.mark.release_matrix_full)]
 
 
 @pytest.mark.parametrize("release", ROUND_TRIP)
