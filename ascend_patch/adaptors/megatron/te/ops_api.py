@@ -37,10 +37,14 @@ def _built_by() -> str:
 
 
 def _refusal(name: str) -> UnsupportedOption:
+    who = _built_by()
+    named = any(said in who for _, said in _BUILDERS)
+    what_to_do = ("Turn that option off" if named else "megatron-core builds these for "
+                  "--use-transformer-engine-op-fuser and --use-te-activation-func: drop the one you use")
     return UnsupportedOption(
-        f"transformer_engine.pytorch.ops.{name} was built by {_built_by()}: TE's operation-based API is not provided "
-        "by ascend_patch's transformer_engine layer (its names exist so that megatron-core imports). Turn that "
-        "option off: megatron-core then builds its MLP and activation from TE linears and torch")
+        f"transformer_engine.pytorch.ops.{name} was built by {who}: TE's operation-based API is not provided "
+        f"by ascend_patch's transformer_engine layer (its names exist so that megatron-core imports). {what_to_do}; "
+        "megatron-core then builds its MLP and activation from TE linears and torch")
 
 
 class FusibleOperation(torch.nn.Module):
