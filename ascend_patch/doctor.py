@@ -111,6 +111,7 @@ class Diagnosis:
     target: str
     why: str
     advice: list[str] = field(default_factory=list)
+    megatron: str = ""  # which megatron-core the process would import, from where, and whether it is supported
 
 
 def diagnose(timeout: float = 120.0) -> Diagnosis:
@@ -158,13 +159,28 @@ def diagnose(timeout: float = 120.0) -> Diagnosis:
         if tv.split("+")[0].split(".")[:2] != nv.split(".post")[0].split(".")[:2]:
             advice.append(f"torch {tv} and torch_npu {nv} are not a matching pair; install the torch_npu "
                           "release built for this torch.")
-    return Diagnosis(sys.version.split()[0], versions, cann_home, cann_version, probe, target, why, advice)
+    return Diagnosis(sys.version.split()[0], versions, cann_home, cann_version, probe, target, why, advice,
+                     _megatron())
+
+
+def _megatron() -> str:
+    """The megatron-core this interpreter would import (a checkout first on sys.path included) and its standing."""
+    from .adaptors.megatron import releases
+    from .adaptors.megatron.detect import find_megatron
+
+    found = find_megatron()
+    if found is None:
+        return "not found"
+    standing = ("supported" if releases.supported(found.version) else
+                f"outside the supported releases ({releases.supported_text()}): patched on a best-effort basis")
+    return f"{found.describe().removeprefix('megatron-core ')}: {standing}"
 
 
 def format_diagnosis(d: Diagnosis) -> str:
     lines = ["ascend_patch doctor", "", f"python          {d.python}"]
     for dist, version in d.versions.items():
-        lines.append(f"{dist:<16}{version or 'not installed'}")
+        shown = d.megatron if dist == "megatron-core" and d.megatron else version or "not installed"
+        lines.append(f"{dist:<16}{shown}")
     lines.append(f"{'CANN':<16}{(d.cann_version + ' at ' + d.cann_home) if d.cann_home else 'not found'}")
     lines.append("")
     lines.append(f"import torch    {d.probe.get('torch_import', '?')}")

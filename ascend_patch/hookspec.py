@@ -17,7 +17,7 @@ the Protocols below, which ascend_patch's own classes satisfy.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import pluggy
 
@@ -33,6 +33,7 @@ __all__ = [
     "CheckpointFormat",
     "KernelLookup",
     "ModelSpecLike",
+    "PackageVersion",
     "PatchSink",
     "Target",
     "hookimpl",
@@ -70,6 +71,13 @@ class Target(Protocol):
     def device(self, index: int | None = None) -> torch.device:
         """The torch.device that ``cuda`` / ``cuda:index`` becomes on this target."""
         ...
+
+
+class PackageVersion(NamedTuple):
+    """A package's version as the process uses it, and where that was read."""
+
+    version: str
+    origin: str  # "installed distribution", or e.g. "checkout /src/megatron/core, shadows the wheel 0.16.1"
 
 
 class PatchSink(Protocol):
@@ -119,6 +127,15 @@ class AscendPatchSpec:
         ``settings`` are the ones being applied. Two ``Wrap`` records on one target compose
         (the one collected first is innermost; plugins are called in pluggy's order); any other
         pair claiming one target is an error naming both plugins. ``registry`` is deprecated.
+        """
+
+    @hookspec
+    def ascend_patch_package_version(self, package: str) -> PackageVersion | None:
+        """The version of distribution ``package`` this process will use, or None (not this plugin's).
+
+        Asked once per ``apply()`` for each package a patch's ``versions``/``needed`` range names,
+        before the installed distribution's metadata, which a source checkout first on
+        ``sys.path`` makes wrong. The first answer that is not None wins.
         """
 
     @hookspec

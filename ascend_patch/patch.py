@@ -72,9 +72,11 @@ _RECORD = dict(frozen=True, kw_only=True, repr=False, eq=False)
 class Patch:
     """What every patch record has: a target, the reason, the targets and versions it is for.
 
-    ``versions`` is a PEP 440 specifier checked against the installed version of
-    distribution ``package`` when the patch is applied; out of range, the patch is
-    skipped with that reason. Use one of the record types below, not this base.
+    ``package`` names the distribution whose version (as a plugin reports it, else its
+    installed metadata) two optional PEP 440 ranges are checked against when the patch is
+    applied: ``versions``, the range the patch was checked against (outside it the patch is
+    skipped, fatal with ``ASCEND_PATCH_STRICT=1``), and ``needed``, the releases that need it
+    (outside it the patch is "not needed", never fatal). Use one of the record types below.
     """
 
     kind: ClassVar[PatchKind]
@@ -85,6 +87,7 @@ class Patch:
     backends: frozenset[str] = TARGETS_ALL
     package: str | None = None
     versions: str | None = None
+    needed: str | None = None
     action: Action = Action.TRANSLATED
     api: str | None = None  # the name the report shows (default: the target)
     owner: str = field(default="", compare=False)  # set by the registry: the plugin's name
@@ -93,8 +96,8 @@ class Patch:
         raise TypeError("Patch is the base of the record types: use Replace, Wrap, Add, ModuleShim or EnvVar")
 
     def __post_init__(self) -> None:
-        if (self.package is None) != (self.versions is None):
-            raise ValueError(f"patch {self.target!r}: package= and versions= go together")
+        if (self.package is None) != (self.versions is None and self.needed is None):
+            raise ValueError(f"patch {self.target!r}: package= goes with versions= or needed=")
 
     @property
     def module(self) -> str:

@@ -41,7 +41,7 @@ def test_records_refuse_what_they_cannot_apply():
         Wrap("m:a", "r")  # type: ignore[call-arg]
     with pytest.raises(ValueError, match="patch target 'a' must be 'module:attribute.path'"):
         Replace("a", "r", replacement=1)
-    with pytest.raises(ValueError, match="package= and versions= go together"):
+    with pytest.raises(ValueError, match="package= goes with versions= or needed="):
         EnvVar("X", "r", make=lambda cur: cur, package="torch")
     with pytest.raises(TypeError, match="unexpected keyword argument 'hidden_from'"):
         Replace("m:a", "r", replacement=1, hidden_from=("x",))  # type: ignore[call-arg]

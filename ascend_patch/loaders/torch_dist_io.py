@@ -99,11 +99,15 @@ class _TorchMetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         import torch
 
-        from .torch_pickle import RefusedGlobal
+        from .torch_pickle import MEGATRON_PLANS, RefusedGlobal
 
         if module.startswith("torch.distributed.checkpoint.") or (module, name) == ("torch.serialization",
                                                                                    "_get_layout"):
             return super().find_class(module, name)
+        if (module, name) in MEGATRON_PLANS:  # megatron-core's SavePlan subclass: torch's SavePlan holds its fields
+            from torch.distributed.checkpoint.planner import SavePlan
+
+            return SavePlan
         if module == "pathlib" and name in ("PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"):
             return super().find_class(module, name)
         if module == "torch" and (name in ("Size", "device", "layout", "strided", "contiguous_format",

@@ -38,6 +38,7 @@ from .torch_zip import TorchGlobal
 __all__ = [
     "DCP_FIELDS",
     "DcpRecord",
+    "MEGATRON_PLANS",
     "NeedsTorch",
     "RefusedGlobal",
     "StorageRef",
@@ -94,6 +95,10 @@ _DCP_PREFIX = "torch.distributed.checkpoint."
 # the other classes of torch.distributed.checkpoint a .metadata names (the planner's, when torch saves its plans);
 # any other name is read by torch itself, which knows whether it exists
 _DCP_OTHER = {"_MEM_FORMAT_ENCODING", "SavePlan", "WriteItem", "WriteItemType", "TensorWriteData"}
+# megatron-core's SavePlan subclass (a SavePlan with mcore_data): the planner of the older supported releases makes
+# its plans of this class, and torch keeps every rank's plan in the metadata (all_local_plans); read as a record,
+# never imported
+MEGATRON_PLANS = {("megatron.core.dist_checkpointing.strategies.torch", "MCoreSavePlan")}
 
 
 class DcpRecord:
@@ -186,6 +191,8 @@ class _MetadataUnpickler(pickle.Unpickler):
         if module.startswith(_DCP_PREFIX):
             if name not in DCP_FIELDS and name not in _DCP_OTHER:
                 raise NeedsTorch(f"{module}.{name}")
+            return _record(module, name)
+        if (module, name) in MEGATRON_PLANS:
             return _record(module, name)
         if module == "torch.serialization" and name == "_get_layout":
             return _get_layout

@@ -33,8 +33,12 @@ class ContextParallelAttention(MegatronModule):
 
     def __init__(self, config: Any, layer_number: int, attn_mask_type: Any, attention_type: str,
                  attention_dropout: float | None = None, softmax_scale: float | None = None,
-                 cp_comm_type: str | None = None, pg_collection: Any = None) -> None:
+                 cp_comm_type: str | None = None, pg_collection: Any = None, model_comm_pgs: Any = None) -> None:
         super().__init__(config=config)
+        # the process groups: megatron-core's SelfAttention passes them as pg_collection, or (0.13, 0.14) as
+        # model_comm_pgs, a ModelCommProcessGroups with the same tp / cp / hcp fields; 0.12 passes none
+        if pg_collection is None:
+            pg_collection = model_comm_pgs
         if cp_comm_type not in (None, *COMM_TYPES):
             raise ConfigMismatch(f"cp_comm_type={cp_comm_type!r} is not a context-parallel exchange",
                                  "cp-comm-type", f"use one of {', '.join(COMM_TYPES)} (--cp-comm-type)")
@@ -42,9 +46,9 @@ class ContextParallelAttention(MegatronModule):
             raise ConfigMismatch("sliding-window attention (window_size) is not supported by "
                                  "ContextParallelAttention", "window-size",
                                  "use megatron-core's local spec without CP")
-        if config.softmax_type != "vanilla":
-            raise ConfigMismatch(f"softmax_type={config.softmax_type!r} is not supported", "softmax-type",
-                                 "use 'vanilla'")
+        softmax_type = getattr(config, "softmax_type", "vanilla")  # a config without the field has only vanilla
+        if softmax_type != "vanilla":
+            raise ConfigMismatch(f"softmax_type={softmax_type!r} is not supported", "softmax-type", "use 'vanilla'")
         self.layer_number = max(1, layer_number)
         self.attn_mask_type = attn_mask_type
         tp = pg_collection.tp if pg_collection is not None and hasattr(pg_collection, "tp") else \

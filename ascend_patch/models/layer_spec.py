@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
-from megatron.core.models.backends import LocalSpecProvider
 from megatron.core.transformer.attention import SelfAttention, SelfAttentionSubmodules
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.identity_op import IdentityOp
@@ -16,7 +15,7 @@ from megatron.core.transformer.transformer_layer import TransformerLayer, Transf
 from .attention import ContextParallelAttention
 from .hf_config import ConfigMismatch
 
-__all__ = ["dense_layer_spec", "family_layer_spec", "moe_layer_spec", "traits_layer_spec"]
+__all__ = ["dense_layer_spec", "family_layer_spec", "local_spec_provider", "moe_layer_spec", "traits_layer_spec"]
 
 # Built from megatron-core's own modules (``TransformerLayer``, ``SelfAttention``,
 # ``ColumnParallelLinear``/``RowParallelLinear``, ``MLP``, the local norm) with one change:
@@ -26,12 +25,48 @@ __all__ = ["dense_layer_spec", "family_layer_spec", "moe_layer_spec", "traits_la
 _NORMS = ("LayerNorm", "RMSNorm")
 
 
+class _LocalPieces:
+    """megatron-core's local modules, chosen as its ``LocalSpecProvider`` (0.13+) chooses them, for 0.12."""
+
+    def column_parallel_linear(self) -> type:
+        from megatron.core.tensor_parallel.layers import ColumnParallelLinear
+
+        return ColumnParallelLinear
+
+    def row_parallel_linear(self) -> type:
+        from megatron.core.tensor_parallel.layers import RowParallelLinear
+
+        return RowParallelLinear
+
+    def layer_norm(self, rms_norm: bool = False, for_qk: bool = False) -> type:
+        from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+        if rms_norm:
+            return WrappedTorchNorm
+        try:
+            import apex  # noqa: F401  (megatron-core's own test for its fused norm)
+
+            from megatron.core.fusions.fused_layer_norm import FusedLayerNorm
+        except ImportError:
+            return WrappedTorchNorm
+        return FusedLayerNorm
+
+
+def local_spec_provider() -> Any:
+    """megatron-core's ``LocalSpecProvider`` (0.13 and later), or the same choices where it has none (0.12)."""
+    try:
+        from megatron.core.models.backends import LocalSpecProvider
+    except ImportError:
+        return _LocalPieces()
+    return LocalSpecProvider()
+
+
 def dense_layer_spec(normalization: str = "RMSNorm", qk_layernorm: bool = False) -> ModuleSpec:
     """A decoder layer: norm -> self-attention (q/k norm optional) -> norm -> MLP, with residuals."""
     if normalization not in _NORMS:
         raise ConfigMismatch(f"normalization={normalization!r} is not supported", "normalization",
                              f"use one of {', '.join(_NORMS)} (--normalization)")
-    provider = LocalSpecProvider()
+    provider = local_spec_provider()
     rms = normalization == "RMSNorm"
     norm = provider.layer_norm(rms_norm=rms, for_qk=False)
     qk_norm = provider.layer_norm(rms_norm=rms, for_qk=True) if qk_layernorm else IdentityOp
@@ -89,8 +124,9 @@ def moe_layer_spec(config: Any, normalization: str, qk_layernorm: bool, num_expe
     ``moe_grouped_gemm`` asks for GroupedMLP too.
     """
     import dataclasses
+    import inspect
 
-    from megatron.core.models.gpt.moe_module_specs import get_moe_module_spec_for_backend
+    from megatron.core.models.gpt import moe_module_specs
 
     layer = family_layer_spec(config, normalization, qk_layernorm)
     experts = num_experts or getattr(config, "num_experts", None) or getattr(config, "num_moe_experts", None)
@@ -98,8 +134,17 @@ def moe_layer_spec(config: Any, normalization: str, qk_layernorm: bool, num_expe
     if not experts:
         raise ConfigMismatch("an MoE layer spec needs the number of experts", "num-experts",
                              "give --num-experts (the config's num_experts)")
-    mlp = get_moe_module_spec_for_backend(LocalSpecProvider(), num_experts=int(experts),
-                                          moe_grouped_gemm=grouped, moe_use_legacy_grouped_gemm=grouped)
+    # the function and its arguments as the imported megatron-core has them: 0.12 has no backend form, 0.17
+    # dropped the legacy GroupedMLP (its local grouped GEMM is SequentialMLP)
+    build = getattr(moe_module_specs, "get_moe_module_spec_for_backend", None)
+    kwargs: dict[str, Any] = {"num_experts": int(experts), "moe_grouped_gemm": grouped}
+    if build is None:
+        build, kwargs["use_te"] = moe_module_specs.get_moe_module_spec, False
+    else:
+        kwargs["backend"] = local_spec_provider()
+    if "moe_use_legacy_grouped_gemm" in inspect.signature(build).parameters:
+        kwargs["moe_use_legacy_grouped_gemm"] = grouped
+    mlp = build(**kwargs)
     layer.submodules = dataclasses.replace(layer.submodules, mlp=mlp, sharded_state_dict_keys_map={
         "input_layernorm.": "self_attention.linear_qkv.layer_norm_"})
     return layer

@@ -9,10 +9,12 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from ..backend import current_target
+from ..unsupported import UnsupportedOption
 
 __all__ = [
     "bias_gelu",
     "bias_swiglu",
+    "clamped_swiglu",
     "swiglu",
 ]
 
@@ -78,16 +80,29 @@ def swiglu(x: Tensor, dim: int = -1) -> Tensor:
 
 
 def bias_swiglu(input: Tensor, bias: Tensor | None, fp8_input_store: bool = False,
-                cpu_offload_input: bool = False) -> Tensor:
+                cpu_offload_input: bool = False, clamp_value: float | None = None) -> Tensor:
     """``swiglu(input + bias)`` over the last dim with megatron's memory options.
 
     ``npu_swiglu`` (torch_npu gives it a backward) where the current target has it, unless a memory option
-    asks for :class:`_BiasSwiGLUFn`.
+    asks for :class:`_BiasSwiGLUFn`. ``clamp_value`` (megatron-core main): the gate half clamped from above
+    and the linear half to ``[-clamp_value, clamp_value]`` before the product, computed in fp32 as megatron's
+    ``clamped_swiglu``.
     """
+    if clamp_value is not None:
+        if fp8_input_store:
+            raise UnsupportedOption("bias_swiglu(clamp_value=..., fp8_input_store=True): the clamped SwiGLU keeps "
+                                    "its input at full precision here; drop --activation-func-fp8-input-store")
+        return clamped_swiglu(input if bias is None else input + bias, clamp_value)
     kernel = _kernel()
     if kernel is not None and not fp8_input_store and not cpu_offload_input:
         return kernel(input if bias is None else input + bias, dim=-1)
     return _BiasSwiGLUFn.apply(input, bias, fp8_input_store, cpu_offload_input)
+
+
+def clamped_swiglu(y: Tensor, clamp_value: float) -> Tensor:
+    """``silu(min(a, c)) * clamp(b, -c, c)`` for the halves ``a, b`` of ``y``'s last dim, in fp32, differentiable."""
+    a, b = y.float().chunk(2, -1)
+    return (F.silu(a.clamp(max=clamp_value)) * b.clamp(min=-clamp_value, max=clamp_value)).to(y.dtype)
 
 
 def bias_gelu(input: Tensor, bias: Tensor | None) -> Tensor:

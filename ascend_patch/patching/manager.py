@@ -204,7 +204,7 @@ class PatchManager:
         for status in statuses:
             problem = version_problem(status.patch)
             if problem:
-                skip(status, problem, ctx.strict)
+                skip(status, problem[0], ctx.strict and problem[1])
                 continue
             applier = applier_for(status.patch)
             batches.setdefault(id(applier), (applier, []))[1].append(status)

@@ -15,6 +15,7 @@ from ..patch import ModuleShim
 from ..shim import ShimBuilder, ShimTable, is_shim, table_rows
 from ..usage import ApiUse
 from .manager import PatchManager, PatchStatus, manager
+from .versions import versions_seen
 
 __all__ = ["Report", "apply_and_report", "build_report", "print_at_exit", "process_label", "set_process_label"]
 
@@ -47,6 +48,7 @@ class Report:
     plugin_failures: list[str] = field(default_factory=list)
     cuda_is_available: bool = True
     devices: str = ""  # cpu target: how many virtual devices this process sees, and why
+    packages: dict[str, str] = field(default_factory=dict)  # package -> version, where it was read (version gate)
 
     def counts(self) -> dict[str, int]:
         return dict(Counter(s.state for s in self.statuses))
@@ -113,7 +115,10 @@ class Report:
         if self.target is None:
             return f"ascend_patch: not active ({self.reason})"
         counts = ", ".join(f"{n} {state}" for state, n in sorted(self.counts().items()))
-        line = f"ascend_patch: target {self.target} ({self.reason}); patches: {counts}"
+        seen = "".join(f"\n  {name} {where}" for name, where in sorted(self.packages.items())
+                       if where.split(" ", 1)[1:] != ["(installed distribution)"])
+        line = f"ascend_patch: target {self.target} ({self.reason}); patches: {counts}" + (
+            f"\nchecked against:{seen}" if seen else "")
         return line + (f"\n{self.devices}" if self.devices else "")
 
     def __str__(self) -> str:
@@ -151,6 +156,7 @@ def build_report(manager: PatchManager) -> Report:
         plugin_failures=list(manager.plugin_failures),
         cuda_is_available=manager.settings.cuda_is_available if manager.settings is not None else True,
         devices=_devices(target),
+        packages={name: f"{found.version} ({found.origin})" for name, found in versions_seen().items()},
     )
 
 

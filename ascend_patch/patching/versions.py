@@ -6,43 +6,64 @@ import importlib.metadata
 import operator
 import re
 
+from ..hookspec import PackageVersion
 from ..patch import Patch
 
-__all__ = ["clear_version_cache", "in_range", "version_problem"]
+__all__ = ["clear_version_cache", "in_range", "package_version", "version_problem", "versions_seen"]
 
 
 def clear_version_cache() -> None:
-    """Forget installed versions (packages may have been installed or upgraded since)."""
+    """Forget package versions (packages may have been installed or upgraded since)."""
     _VERSIONS.clear()
 
 
-# Distribution -> installed version (None: not installed), read once per apply(): reading
-# a METADATA file costs milliseconds, and dozens of patches name the same package.
-_VERSIONS: dict[str, str | None] = {}
+# Distribution -> its version (None: not installed), read once per apply(): reading a METADATA
+# file costs milliseconds, and dozens of patches name the same package.
+_VERSIONS: dict[str, PackageVersion | None] = {}
 
 
-def _installed_version(package: str) -> str | None:
+def package_version(package: str) -> PackageVersion | None:
+    """The version of ``package`` the process uses: a plugin's answer (``ascend_patch_package_version``,
+    e.g. megatron-core read from the tree a checkout puts first on ``sys.path``), else the installed
+    distribution's metadata; None when neither knows it."""
     if package not in _VERSIONS:
-        try:
-            _VERSIONS[package] = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            _VERSIONS[package] = None
+        from ..plugins import get_plugin_manager
+
+        found = None
+        for _, answer in get_plugin_manager().call_each("ascend_patch_package_version", package=package):
+            if answer is not None:
+                found = answer
+                break
+        if found is None:
+            try:
+                found = PackageVersion(importlib.metadata.version(package), "installed distribution")
+            except importlib.metadata.PackageNotFoundError:
+                found = None
+        _VERSIONS[package] = found
     return _VERSIONS[package]
 
 
-def version_problem(patch: Patch) -> str | None:
-    """Why ``patch`` must be skipped on the installed version of its package, or None.
+def versions_seen() -> dict[str, PackageVersion]:
+    """Every package version this apply's patches were checked against, by package."""
+    return {name: found for name, found in _VERSIONS.items() if found is not None}
 
-    The installed version is read once per ``apply()``: reading METADATA costs milliseconds,
-    and dozens of patches name the same package.
+
+def version_problem(patch: Patch) -> tuple[str, bool] | None:
+    """(why, whether strict mode makes it fatal) when ``patch`` must be skipped on its package's version.
+
+    Outside ``versions`` (the range it was checked against) is a problem; outside ``needed``
+    (the releases that need it) is a plain "not needed".
     """
     if patch.package is None:
         return None
-    installed = _installed_version(patch.package)
-    if installed is None:
-        return f"{patch.package} is not installed (patch checked against {patch.versions})"
-    if not in_range(installed, patch.versions or ""):
-        return f"{patch.package} {installed} is outside the checked range {patch.versions}"
+    found = package_version(patch.package)
+    ranges = patch.versions or patch.needed
+    if found is None:
+        return f"{patch.package} is not installed (patch for {ranges})", True
+    if patch.versions and not in_range(found.version, patch.versions):
+        return f"{patch.package} {found.version} is outside the checked range {patch.versions}", True
+    if patch.needed and not in_range(found.version, patch.needed):
+        return f"not needed on {patch.package} {found.version} (needed on {patch.needed})", False
     return None
 
 

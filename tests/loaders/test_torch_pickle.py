@@ -263,3 +263,42 @@ def test_damaged_torch_dist_files_are_refused_naming_the_damage(ours, tmp_path):
     meta.write_bytes(meta.read_bytes().replace(b"_StorageInfo", b"_StoraweInfo"))  # torch has no such class
     with pytest.raises(CorruptCheckpoint, match=r"\.metadata cannot be read .*_StoraweInfo"):
         convert(str(work), str(tmp_path / "out"), "mg", "hf")
+
+
+@pytest.mark.parametrize("reader", ["records", "torch"])
+def test_metadata_with_megatron_cores_save_plans_reads(tmp_path, monkeypatch, reader):
+    """megatron-core 0.12-0.14's planner makes its plans as MCoreSavePlan (a SavePlan with mcore_data), and torch
+    2.13 keeps every rank's plan in the metadata: the converter reads those checkpoints (both readers)."""
+    from typing import Any
+
+    from megatron.core.dist_checkpointing.strategies import torch as mcore_torch
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, Metadata, TensorStorageMetadata
+    from torch.distributed.checkpoint.metadata import TensorProperties
+    from torch.distributed.checkpoint.planner import SavePlan
+
+    from ascend_patch.loaders import torch_dist_io
+
+    @dataclasses.dataclass(frozen=True)
+    class MCoreSavePlan(SavePlan):  # as those releases define it (the installed 0.16 keeps an empty class of the name)
+        mcore_data: dict[str, dict[str, Any]] = None
+
+    MCoreSavePlan.__module__, MCoreSavePlan.__qualname__ = mcore_torch.__name__, "MCoreSavePlan"
+    monkeypatch.setattr(mcore_torch, "MCoreSavePlan", MCoreSavePlan)
+
+    chunk = ChunkStorageMetadata(offsets=torch.Size([0]), sizes=torch.Size([4]))
+    metadata = Metadata(state_dict_metadata={"w": TensorStorageMetadata(TensorProperties(dtype=torch.float32),
+                                                                         torch.Size([4]), [chunk])},
+                        storage_data={})
+    metadata.all_local_plans = [MCoreSavePlan(items=[], mcore_data={"w": {}})]
+    path = tmp_path / ".metadata"
+    path.write_bytes(pickle.dumps(metadata))
+    if reader == "records":
+        got = read_dist_metadata(str(path))
+        (plan,) = got.all_local_plans
+        assert plan.cls == "megatron.core.dist_checkpointing.strategies.torch.MCoreSavePlan"
+        assert plan.mcore_data == {"w": {}}
+    else:
+        got = torch_dist_io._read_metadata_torch(str(path), path.read_bytes())
+        (plan,) = got.all_local_plans
+        assert isinstance(plan, SavePlan) and plan.mcore_data == {"w": {}}
+    assert tuple(got.state_dict_metadata["w"].size) == (4,)

@@ -38,7 +38,7 @@ def test_every_megatron_patch_of_every_plugin_is_listed_with_reason_and_range():
         patch = next(iter(per_backend.values()))
         assert patch.reason
         if target.startswith("megatron."):
-            assert (patch.package, patch.versions) == ("megatron-core", ">=0.16,<0.17"), target
+            assert patch.versions is None and (patch.package is None or patch.needed), target
             if not PT._is_jit(patch):  # the functions jit_fuser compiled share its row
                 assert f"`{target}`" in table
         for p in per_backend.values():

@@ -20,8 +20,8 @@ from ascend_patch.config import Settings
 def test_every_megatron_lm_patch_is_ranged_and_the_log_patch_exists_only_when_asked():
     plain = training_patches(cpu_backend())
     for patch in plain:
-        if patch.target.startswith("megatron."):
-            assert (patch.package, patch.versions) == ("megatron-core", ">=0.16,<0.17"), patch.target
+        if patch.target.startswith("megatron."):  # every release, or the ones a fact of releases.py names
+            assert patch.versions is None and (patch.package is None or patch.needed), patch.target
         assert patch.reason
     targets = {p.target for p in plain}
     assert "megatron.training.training:training_log" not in targets

@@ -23,6 +23,34 @@ def ref_tanh_gelu(x):
     return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
 
 
+def ref_clamped_swiglu(y, c):
+    """megatron-core main's clamped SwiGLU, written out: the gate clamped from above, the linear half both ways."""
+    a, b = y.double().chunk(2, -1)
+    a, b = torch.where(a > c, torch.full_like(a, c), a), torch.where(b.abs() > c, b.sign() * c, b)
+    return a / (1 + torch.exp(-a)) * b
+
+
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_main_s_clamped_bias_swiglu_takes_clamp_value_as_its_fifth_argument(seeded, with_bias):
+    x = (3 * torch.randn(3, 2, 16)).requires_grad_()  # values past the clamp on both sides
+    bias = torch.randn(16, requires_grad=True) if with_bias else None
+    out = F.bias_swiglu_impl(x, bias, False, False, 1.5)  # main's MLP passes it positionally
+    y = x + bias if with_bias else x
+    torch.testing.assert_close(out.double(), ref_clamped_swiglu(y, 1.5), atol=1e-6, rtol=1e-6)
+    assert not torch.allclose(out.double(), ref_swiglu(y))  # the clamp changed something
+    g = torch.randn_like(out)
+    inputs = (x, bias) if with_bias else (x,)
+    got = torch.autograd.grad(out, inputs, g)
+    x64 = x.detach().double().requires_grad_()
+    b64 = bias.detach().double().requires_grad_() if with_bias else None
+    want = torch.autograd.grad(ref_clamped_swiglu(x64 + b64 if with_bias else x64, 1.5),
+                               (x64, b64) if with_bias else (x64,), g.double())
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a.double(), b, atol=1e-5, rtol=1e-5)
+    with pytest.raises(Exception, match="--activation-func-fp8-input-store"):
+        F.bias_swiglu_impl(x, bias, True, False, 1.5)
+
+
 @pytest.mark.parametrize("shape", [(6, 16), (3, 2, 16)])
 @pytest.mark.parametrize("with_bias", [True, False])
 def test_bias_swiglu_impl_values_and_grads(seeded, shape, with_bias):

@@ -9,7 +9,7 @@ import sys
 
 import torch
 
-from conftest import child_env
+from helpers import child_env
 
 CHILD = os.path.join(os.path.dirname(__file__), "megatron_fused_child.py")
 STOCK = {
@@ -61,8 +61,7 @@ def test_megatron_entry_points_are_patched_and_restored_by_identity(cpu_settings
             now = getattr(mod, STOCK[name])
             assert now is not before[name] and now.__module__.startswith("ascend_patch"), name
             status = manager.status_of(f"{name}:{STOCK[name]}")
-            assert status.state == "applied" and status.patch.versions == ">=0.16,<0.17"
-            assert status.patch.package == "megatron-core"
+            assert status.state == "applied" and status.patch.package is None  # every release needs it
         x, bias = torch.randn(2, 3, 8, requires_grad=True), torch.randn(8)
         out = modules["megatron.core.fusions.fused_bias_swiglu"].bias_swiglu_impl(x, bias)
         a, b = (x + bias).chunk(2, -1)
@@ -74,19 +73,26 @@ def test_megatron_entry_points_are_patched_and_restored_by_identity(cpu_settings
     assert fused_softmax.FusedScaleMaskSoftmax.__dict__["is_kernel_available"] is before_avail
 
 
-def test_megatron_patches_are_skipped_outside_the_checked_version(monkeypatch, cpu_settings):
-    import importlib.metadata
+def test_a_patch_the_release_does_not_need_is_not_needed_and_never_fatal(monkeypatch):
+    """On a release without GroupedMLP (0.17.1 as the gate reads it) its patches say so; strict still runs."""
+    import importlib
 
     import ascend_patch
+    from ascend_patch.adaptors.megatron import plugin
+    from ascend_patch.adaptors.megatron.detect import FoundMegatron
+    from ascend_patch.config import Settings
     from ascend_patch.patching.manager import manager
 
-    real = importlib.metadata.version
-    monkeypatch.setattr(importlib.metadata, "version",
-                        lambda name: "0.17.0" if name == "megatron-core" else real(name))
-    importlib.import_module("megatron.core.fusions.fused_bias_swiglu")
-    ascend_patch.apply(cpu_settings)
+    monkeypatch.setattr(plugin, "find_megatron", lambda: FoundMegatron("0.17.1", "/x/megatron/core", "checkout"))
+    importlib.import_module("megatron.core.transformer.moe.experts")
+    from ascend_patch.plugins import PluginManager, reset_plugin_manager
+
+    previous = reset_plugin_manager(PluginManager(entry_points=False))
+    ascend_patch.apply(Settings(device="cpu", strict=True))
     try:
-        status = manager.status_of("megatron.core.fusions.fused_bias_swiglu:bias_swiglu_impl")
-        assert status.state == "skipped" and "0.17.0 is outside the checked range >=0.16,<0.17" in status.detail
+        status = manager.status_of("megatron.core.transformer.moe.experts:GroupedMLP.forward")
+        assert status.state == "skipped" and status.detail == "not needed on megatron-core 0.17.1 (needed on <0.17)"
+        assert manager.status_of("megatron.core.fusions.fused_bias_swiglu:bias_swiglu_impl").state != "skipped"
     finally:
         ascend_patch.remove()
+        reset_plugin_manager(previous)

@@ -96,8 +96,9 @@ def test_megatron_fused_rope_equals_megatrons_unfused_path(seeded, interleaved, 
     torch.testing.assert_close(fused.double(), stock.double(), **tol)
 
 
+@pytest.mark.parametrize("interleaved", [False, True])
 @pytest.mark.parametrize("cp_size,cp_rank", [(1, 0), (2, 0), (2, 1)])
-def test_megatron_fused_rope_thd_equals_megatrons_unfused_path(seeded, cp_size, cp_rank):
+def test_megatron_fused_rope_thd_equals_megatrons_unfused_path(seeded, cp_size, cp_rank, interleaved):
     from megatron.core.models.common.embeddings import rope_utils
 
     class Group:
@@ -110,9 +111,11 @@ def test_megatron_fused_rope_thd_equals_megatrons_unfused_path(seeded, cp_size, 
     full = [8, 4, 12]  # global sequence lengths; each CP rank holds 1/cp_size of each
     cu = torch.tensor([0, *torch.tensor(full).cumsum(0).tolist()], dtype=torch.int32)
     t = torch.randn(sum(full) // cp_size, 3, 16)
-    freqs = _freqs(32, 16, False)
-    fused = F.fused_apply_rotary_pos_emb_thd(t, cu, freqs, cp_size=cp_size, cp_rank=cp_rank)
-    stock = rope_utils._apply_rotary_pos_emb_thd(t, cu, freqs, cp_group=Group())
+    freqs = _freqs(32, 16, interleaved)
+    # megatron-core main passes interleaved= (config.rotary_interleaved); earlier releases never do
+    rotary = {"interleaved": True} if interleaved else {}
+    fused = F.fused_apply_rotary_pos_emb_thd(t, cu, freqs, cp_size=cp_size, cp_rank=cp_rank, **rotary)
+    stock = rope_utils._apply_rotary_pos_emb_thd(t, cu, freqs, rotary_interleaved=interleaved, cp_group=Group())
     torch.testing.assert_close(fused, stock, atol=1e-6, rtol=1e-6)
     with pytest.raises(ValueError, match="describe 12 tokens but t has 11"):
         R.fused_rope_thd(t[:11], cu, freqs, 2, 0) if cp_size == 2 else R.fused_rope_thd(t[:11], cu // 2, freqs)

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from ascend_patch.shim import ShimImportError, ShimMissing, is_shim
+from ascend_patch.unsupported import UnsupportedOption
 from npu_references import CallLog, reference_npu_fusion_attention, reference_npu_rms_norm
 
 
@@ -70,8 +71,19 @@ def test_megatron_sees_the_layer_and_remove_takes_it_away(cpu_settings, monkeypa
         assert tep.Linear is importlib.import_module("transformer_engine.pytorch").Linear
         with pytest.raises(ShimImportError, match=r"--tp-comm-overlap"):
             _import_as("megatron.training.probe", "from transformer_engine.pytorch import module")
+        # TE's op-based API: the names megatron-core reads exist; building one refuses, naming what built it
+        with pytest.raises(UnsupportedOption, match=r"ops\.SwiGLU was built by megatron-core's TE activation, "
+                                                    r"selected by --use-te-activation-func \(megatron\.core\.probe"):
+            _import_as("megatron.core.probe", "import transformer_engine as te\nclass TEActivationOp:\n"
+                                              "    def __init__(self):\n        te.pytorch.ops.SwiGLU()\n"
+                                              "TEActivationOp()")
+        with pytest.raises(UnsupportedOption, match=r"ops\.GELU was built by megatron-core's TEFusedMLP, the MLP of "
+                                                    r"--use-transformer-engine-op-fuser"):
+            _import_as("megatron.core.probe", "import transformer_engine as te\nclass TEFusedMLP:\n"
+                                              "    def __init__(self):\n        te.pytorch.ops.GELU()\n"
+                                              "TEFusedMLP()")
         with pytest.raises(ShimMissing, match=r"--use-te-activation-func"):
-            tep.ops.SwiGLU
+            tep.ops.NoSuchOperation
         router = importlib.import_module("transformer_engine.pytorch.router")  # megatron imports it from 2.7
         assert is_shim(router) and callable(router.fused_topk_with_score_function)
     finally:
@@ -390,3 +402,35 @@ def test_fp8_support_queries_answer_no_and_say_why(te):
     for recipe in (DelayedScaling(), MXFP8BlockScaling()):
         with pytest.raises(FP8Unavailable, match=rf"check_recipe_support\({type(recipe).__name__}\).*--fp8-format"):
             check_recipe_support(recipe)
+
+
+def test_linear_passes_process_groups_only_to_releases_that_take_them(world, monkeypatch):
+    """megatron-core 0.12's tensor-parallel GEMM has no ``tp_group`` keyword (release fact ``tp_group_arguments``):
+    the layer calls it the way that release's own callers do, on the global tensor-parallel group."""
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import layers
+
+    from ascend_patch.adaptors.megatron import releases
+
+    te = world
+    seen = []
+    real = layers.linear_with_grad_accumulation_and_async_allreduce
+
+    def recording(*args, **kwargs):
+        seen.append(sorted(kwargs))
+        return real(*args, **kwargs)
+
+    recording.warned = getattr(real, "warned", False)  # the function reads its own attribute by its module name
+    monkeypatch.setattr(layers, "linear_with_grad_accumulation_and_async_allreduce", recording)
+    tp = parallel_state.get_tensor_model_parallel_group()
+    lin = te.Linear(16, 8, tp_group=tp)
+    x = torch.randn(5, 3, 16)
+    for version, keywords in (("0.12.1", []), ("0.13.1", ["tp_group"]), ("0.20.0", ["tp_group"])):
+        monkeypatch.setattr(releases, "current_version", lambda version=version: version)
+        torch.testing.assert_close(lin(x), F.linear(x, lin.weight))
+        assert seen.pop() == keywords, version
+    monkeypatch.setattr(releases, "current_version", lambda: "0.12.1")
+    other = te.Linear(16, 8, tp_group=torch.distributed.new_group([0]))
+    with pytest.raises(UnsupportedOption, match=r"megatron-core 0\.12\.1's tensor-parallel GEMM and reductions always "
+                                                r"use the global tensor-parallel group"):
+        other(x)

@@ -1,11 +1,9 @@
-"""The triton shim: importable by exactly the megatron-core modules that cannot import without it."""
+"""The triton shim: served to the megatron-core modules that cannot import without it, by a rule."""
 
 from __future__ import annotations
 
-import ast
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 
@@ -15,34 +13,53 @@ from ascend_patch.adaptors.megatron import triton_shim
 
 from helpers import child_env
 
-BIK = "megatron.core.transformer.custom_layers.batch_invariant_kernels"
+_GUARDED = """
+try:
+    import triton
+except ImportError:
+    triton = None
+try:
+    from megatron.fake import plain
+except (RuntimeError, ModuleNotFoundError):
+    plain = None
+"""
 
 
-def _top_level_triton_importers() -> set[str]:
-    spec = importlib.util.find_spec("megatron.core")
-    root = os.path.dirname(os.path.dirname(spec.origin))  # .../megatron
-    found = set()
-    for folder, _, files in os.walk(root):
-        for name in files:
-            if not name.endswith(".py"):
-                continue
-            path = os.path.join(folder, name)
-            with open(path, encoding="utf-8") as f:
-                tree = ast.parse(f.read())
-            for node in tree.body:  # module level, outside try/if
-                names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                         else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
-                if any(n == "triton" or n.startswith("triton.") for n in names):
-                    rel = os.path.relpath(path[:-3], os.path.dirname(root)).replace(os.sep, ".")
-                    found.add(rel)
-    return found
+def test_the_rule_serves_megatron_importers_without_a_fallback_on_their_chain(tmp_path, patched, monkeypatch):
+    """A megatron module importing triton gets the shim unless that import, or the import of that module by
+    another megatron module, sits in a try that catches ImportError; a non-megatron importer never does."""
+    if importlib.util.find_spec("triton") is not None and "shim" not in str(importlib.util.find_spec("triton").origin):
+        pytest.skip("a real triton is installed here")
+    fake = tmp_path / "megatron" / "fake"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "plain.py").write_text("import triton\nimport triton.language as tl\n"
+                                   "VERSION, INT = triton.__version__, tl.int64\n\n\n"
+                                   "@triton.jit\ndef kernel(x, n: tl.constexpr):\n    pass\n")
+    (fake / "guarded.py").write_text(_GUARDED)
+    (fake / "chain.py").write_text("from megatron.fake import plain\n")
+    (tmp_path / "outsider.py").write_text("import triton\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.import_module("megatron.core")
+    monkeypatch.setattr(sys.modules["megatron"], "__path__", [*sys.modules["megatron"].__path__, str(tmp_path / "megatron")])
+    for name in ("megatron.fake", "megatron.fake.plain", "megatron.fake.guarded", "megatron.fake.chain", "outsider"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+
+    guarded = importlib.import_module("megatron.fake.guarded")
+    assert guarded.triton is None and guarded.plain is None  # its own try, and its try around the chain
+    assert "megatron.fake.plain" not in sys.modules
+    chain = importlib.import_module("megatron.fake.chain")  # unguarded all the way: served
+    assert chain.plain.VERSION == triton_shim.TRITON_VERSION == "3.4.0" and repr(chain.plain.INT) == "triton.language.int64"
+    with pytest.raises(ModuleNotFoundError, match="No module named 'triton'"):
+        importlib.import_module("outsider")
 
 
-def test_the_served_importers_are_megatron_cores_unguarded_triton_imports():
-    # fused_kv_append_kernel also imports triton at module level, but its only importer
-    # (dynamic_context) guards that import with try/except ImportError: it keeps its fallback
-    guarded = {"megatron.core.inference.contexts.fused_kv_append_kernel"}
-    assert _top_level_triton_importers() == set(triton_shim.IMPORTERS) | guarded
+def test_guarded_lines_are_the_bodies_of_tries_that_catch_import_error(tmp_path):
+    source = tmp_path / "m.py"
+    source.write_text("import a\ntry:\n    import b\n    import c\nexcept ValueError:\n    pass\n"
+                      "try:\n    import d\nexcept (OSError, ImportError):\n    d = None\n"
+                      "try:\n    import e\nexcept:\n    raise\n")
+    assert triton_shim.guarded_lines(str(source)) == {8, 12}
 
 
 def test_helpers_compute_what_triton_computes():

@@ -89,11 +89,16 @@ def coverage_markdown(report: Report) -> str:
         cpu = f"{_CPU_ACTION.get(action, action)}: {patch.reason}"
         # deferred patches apply when their module is imported: the table covers what they do,
         # so it does not depend on what this process happened to import
-        if status.state not in ("applied", "deferred"):
+        # so it does not depend on what this process happened to import; nor on the Megatron release
+        if patch.needed:
+            cpu += f" (needed on {patch.package} {patch.needed})"
+        elif status.state not in ("applied", "deferred"):
             cpu = f"{status.state}: {status.detail}"
         npu = _npu_column(patch.target, patch.backends)
         if patch.package and "npu" in patch.backends:
-            npu = f"the same patch (checked against {patch.package} {patch.versions})"
+            ranges = "; ".join(f"{what} {patch.package} {spec}" for what, spec in
+                               (("checked against", patch.versions), ("needed on", patch.needed)) if spec)
+            npu = f"the same patch ({ranges})"
         rows.append((patch.shown_as, cpu, npu))
     rows.extend(_rows_not_in_the_cpu_table())
     lines = [

@@ -15,7 +15,7 @@ import importlib.util
 from typing import Any
 
 from ...patch import Action, Patch, Wrap
-from .releases import patch_range
+from .releases import needed_on
 
 __all__ = ["refuse_fp8_config", "te_patches"]
 
@@ -45,5 +45,5 @@ def te_patches() -> list[Patch]:
     return [Wrap(
         "megatron.core.transformer.transformer_config:TransformerConfig.__post_init__",
         "FP8/FP4 needs Transformer Engine's FP8 kernels, which the targets lack: refuse it when the config is "
-        "made, naming the flag, not at the first forward", wrapper=refuse_fp8_config, **patch_range(),
+        "made, naming the flag, not at the first forward", wrapper=refuse_fp8_config, **needed_on(),
          action=Action.UNSUPPORTED, api="TransformerConfig(fp8=...)", count_calls=False)]

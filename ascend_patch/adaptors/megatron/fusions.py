@@ -1,8 +1,8 @@
-"""megatron-core 0.16's fused-op entry points, swapped for the target's implementations.
+"""megatron-core's fused-op entry points, swapped for the target's implementations.
 
 Only op entry points are patched here (the Megatron adaptor owns config flags, RNG and
-the torch-norm path). Every patch is for ``megatron-core >=0.16,<0.17`` and waits for
-its module to be imported:
+the torch-norm path). Every supported release needs them (the replacements take the arguments of every
+release: main's ``interleaved=`` and ``clamp_value``), and each waits for its module to be imported:
 
 * ``models.common.embeddings.rope_utils``: ``fused_apply_rotary_pos_emb`` and
   ``fused_apply_rotary_pos_emb_thd`` (None without Transformer Engine's fused RoPE, which the
@@ -28,7 +28,7 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from ...patch import Action, Patch, Replace
-from .releases import patch_range
+from .releases import needed_on
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -52,21 +52,23 @@ def fused_apply_rotary_pos_emb(t: Tensor, freqs: Tensor, transpose_output_memory
 
 
 def fused_apply_rotary_pos_emb_thd(t: Tensor, cu_seqlens: Tensor, freqs: Tensor, cp_size: int = 1,
-                                   cp_rank: int = 0) -> Tensor:
-    """``rope_utils.fused_apply_rotary_pos_emb_thd(t, cu_seqlens, freqs, cp_size=1, cp_rank=0)``."""
+                                   cp_rank: int = 0, interleaved: bool = False) -> Tensor:
+    """``rope_utils.fused_apply_rotary_pos_emb_thd(t, cu_seqlens, freqs, cp_size=1, cp_rank=0, interleaved=False)``
+    (releases before main pass no ``interleaved``; main passes ``config.rotary_interleaved``)."""
     from ...ops import rope
 
-    return rope.fused_rope_thd(t, cu_seqlens, freqs, cp_size, cp_rank)
+    return rope.fused_rope_thd(t, cu_seqlens, freqs, cp_size, cp_rank, interleaved)
 
 
 def bias_swiglu_impl(input: Tensor, bias: Tensor | None, fp8_input_store: bool = False,
-                     cpu_offload_input: bool = False) -> Tensor:
-    """``megatron.core.fusions.fused_bias_swiglu.bias_swiglu_impl`` on the current target."""
+                     cpu_offload_input: bool = False, clamp_value: float | None = None) -> Tensor:
+    """``megatron.core.fusions.fused_bias_swiglu.bias_swiglu_impl`` on the current target (``clamp_value``:
+    main's clamped SwiGLU, passed positionally by its MLP; releases before main pass four arguments)."""
     from ...ops import swiglu
 
     ori_shape = input.shape
     assert len(ori_shape) in [2, 3]
-    out = swiglu.bias_swiglu(input.view(-1, ori_shape[-1]), bias, fp8_input_store, cpu_offload_input)
+    out = swiglu.bias_swiglu(input.view(-1, ori_shape[-1]), bias, fp8_input_store, cpu_offload_input, clamp_value)
     return out if len(ori_shape) == 2 else out.view(ori_shape[0], ori_shape[1], -1)
 
 
@@ -109,7 +111,7 @@ def megatron_patches(backend: Any) -> list[Patch]:
     action = Action.TRANSLATED if backend.name == "npu" else Action.EMULATED
 
     def patch(target: str, reason: str, replacement: Any) -> Replace:
-        return Replace(target, reason, replacement=replacement, action=action, **patch_range())
+        return Replace(target, reason, replacement=replacement, action=action, **needed_on())
 
     return [
         patch(f"{_ROPE}:fused_apply_rotary_pos_emb",

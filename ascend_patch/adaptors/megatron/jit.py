@@ -1,26 +1,4 @@
-"""megatron-core's ``jit_fuser`` on the targets: eager execution, and why.
-
-``megatron.core.jit.jit_fuser`` is ``torch.compile`` on torch >= 2.2. It decorates ~40
-small elementwise functions (bias-GeLU, bias-SwiGLU, bias-dropout-add, cross-entropy
-pieces, L2 norm) at import time.
-
-* cpu: Inductor generates and compiles C++ for each of them on first call: it needs a
-  C++ compiler on the host and costs 8-14 s per process per run, recompiling for each new
-  shape, while the eager versions of these memory-bound elementwise ops are what the host
-  runs anyway. The fused *semantics* are unchanged (same functions, run eagerly).
-* npu: stock Inductor has no npu code generator (that needs torchair), and the fusions
-  that matter on Ascend (SwiGLU, RoPE, RMSNorm, softmax) are routed to torch_npu kernels
-  by ``ascend_patch.ops`` (RMSNorm through :mod:`.norms`, which builds its adaptor on
-  ``npu_rms_norm``); MindSpeed makes the same choice.
-
-So on both targets ``jit_fuser`` becomes a pass-through decorator. Of the functions
-megatron-core 0.16 decorates at import (:data:`COMPILED_AT_IMPORT`), those already compiled
-when the patches are applied (megatron-core imported first) get one REPLACE patch each that
-puts back the eager original, so the order of imports does not matter. They are shown
-under the ``jit_fuser`` entry point, with its reason. Functions decorated
-later inside other functions (the MoE experts' activations) follow ``jit_fuser``'s value
-in their module, which is eager when megatron-core is imported after the patch.
-"""
+"""megatron-core's ``jit_fuser`` (``torch.compile``) as an eager pass-through on the targets, and why."""
 
 from __future__ import annotations
 
@@ -29,7 +7,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ...patch import Action, Patch, Replace
-from .releases import COMPILED_AT_IMPORT, patch_range
+from .releases import COMPILED_AT_IMPORT, COMPILED_DIRECTLY
 
 __all__ = ["COMPILED_AT_IMPORT", "compiled_functions", "eager", "jit_patches"]
 
@@ -74,15 +52,32 @@ def _compiled_now(module: str, path: str) -> Callable[..., Any] | None:
 
 
 def jit_patches() -> list[Patch]:
-    """``jit_fuser`` -> eager, and each function already compiled at import back to eager."""
+    """``jit_fuser`` -> eager, and each function already compiled at import back to eager.
+
+    ``jit_fuser`` decorates ~40 small elementwise functions (bias-GeLU, bias-SwiGLU, bias-dropout-add,
+    cross-entropy pieces, L2 norm) at import. On cpu Inductor would compile C++ for each (a C++
+    compiler on the host, 8-14 s per process, recompiling per shape) for memory-bound ops the host runs
+    eagerly anyway; on npu stock Inductor has no code generator (that needs torchair) and the fusions
+    that matter come from ascend_patch's ops (MindSpeed makes the same choice). The semantics are
+    unchanged: the same functions, run eagerly. Functions compiled before the patch (megatron-core
+    imported first; :data:`COMPILED_AT_IMPORT`) get their eager original back, under the ``jit_fuser``
+    row of the table; functions decorated later follow ``jit_fuser``'s value in their module.
+    """
     api = "megatron.core.jit.jit_fuser (torch.compile)"
     patches = [Replace("megatron.core.jit:jit_fuser", _REASON, replacement=eager,
-                       **patch_range(),  action=Action.EMULATED, api=api, count_calls=False,
+                       action=Action.EMULATED, api=api, count_calls=False,
                        rebind=False)]  # the original *is* torch.compile: never re-bind torch's own name
     for module, attr in COMPILED_AT_IMPORT:
         original = _compiled_now(module, attr)
         if original is not None:  # same entry point and behaviour as the jit_fuser row of the table
             patches.append(Replace(f"{module}:{attr}", _REASON, replacement=original,
-                                   **patch_range(),  action=Action.EMULATED, api=api,
-                                   count_calls=False))
+                                   action=Action.EMULATED, api=api, count_calls=False))
+    # methods decorated with torch.compile itself, not jit_fuser: eager whenever their module is imported
+    patches += [Replace(f"{module}:{attr}", _REASON, make=_eager_of, action=Action.EMULATED, api=api,
+                        count_calls=False) for module, attr in COMPILED_DIRECTLY]
     return patches
+
+
+def _eager_of(compiled: Any) -> Any:
+    """The function ``torch.compile`` wrapped (``compiled`` itself when it is not a compiled function)."""
+    return getattr(compiled, "_torchdynamo_orig_callable", compiled)

@@ -30,13 +30,13 @@ from typing import Any
 
 from ...patch import Action, Add, ModuleShim, Patch, Replace, Wrap
 from ...shim import ShimBuilder, ShimSpec, ShimTable, is_shim
-from .releases import patch_range
+from .releases import needed_on
 from .jit import eager
 
 __all__ = ["GROUPED_GEMM", "gmm", "moe_patches"]
 
 _UTIL = "megatron.core.transformer.moe.grouped_gemm_util"
-_RANGE = patch_range()
+_LEGACY = needed_on("legacy_grouped_mlp")  # GroupedMLP on the grouped_gemm package
 
 
 def gmm(a: Any, b: Any, batch_sizes: Any, trans_b: bool = False) -> Any:
@@ -97,26 +97,27 @@ def moe_patches(backend: Any) -> list[Patch]:
     shims = ShimBuilder(GROUPED_GEMM)  # one per apply: the package an import finds is the one handed to megatron
     action = Action.TRANSLATED if backend.name == "npu" else Action.EMULATED
     missing = "grouped_gemm is CUDA-only; serve ascend_patch's grouped GEMM while it is not installed"
-    patches = [ModuleShim(name, missing, make=shims, action=action, api=name) for name in GROUPED_GEMM]
+    patches = [ModuleShim(name, missing, make=shims, action=action, api=name, **_LEGACY)
+               for name in GROUPED_GEMM]
     patches += [
         Replace(f"{_UTIL}:grouped_gemm",
                 "--moe-grouped-gemm: megatron-core imported before the grouped_gemm shim existed recorded the "
               "package as missing", make=lambda found: shims.module("grouped_gemm") if _ours(found) else found,
-              action=action, count_calls=False, rebind=False, **_RANGE),
+              action=action, count_calls=False, rebind=False, **_LEGACY),
         Replace(f"{_UTIL}:ops",
                 "--moe-grouped-gemm: GroupedMLP calls gg.ops.gmm (None when the package was found missing)",
               make=lambda found: shims.module("grouped_gemm.ops") if _ours(found) else found,
-              action=action, count_calls=False, rebind=False, **_RANGE),
+              action=action, count_calls=False, rebind=False, **_LEGACY),
         Add("megatron.core.transformer.moe.moe_utils:te_general_gemm",
             "MoE router gating tests te_general_gemm, which is defined only when transformer_engine imports "
               "(NameError where megatron-core was imported without it); None selects the router's own torch.mm path",
-              make=lambda _: None, action=Action.EMULATED, count_calls=False, **_RANGE),
+              make=lambda _: None, action=Action.EMULATED, count_calls=False),
         Replace("megatron.core.transformer.moe.experts:jit_fuser",
                 "GroupedMLP decorates its activations with jit_fuser when built: eager as megatron.core.jit's "
               "(this module's copy stays torch.compile when megatron-core was imported first)",
-              replacement=eager, action=Action.EMULATED, count_calls=False, rebind=False, **_RANGE),
+              replacement=eager, action=Action.EMULATED, count_calls=False, rebind=False, **_LEGACY),
         Wrap("megatron.core.transformer.moe.experts:GroupedMLP.forward",
              "GroupedMLP asserts bf16 (the CUDA grouped_gemm kernel's limit); the target's grouped GEMM also "
-              "runs fp32 and fp16", wrapper=_grouped_mlp_forward, action=action, count_calls=False, **_RANGE),
+              "runs fp32 and fp16", wrapper=_grouped_mlp_forward, action=action, count_calls=False, **_LEGACY),
     ]
     return patches

@@ -37,7 +37,7 @@ from typing import Any
 
 from ...errors import UnsupportedSetting
 from ...patch import Patch, Replace
-from .releases import patch_range
+from .releases import needed_on
 
 __all__ = ["build_norm", "fused_layer_norm_new", "norm_patches", "rms_norm_module"]
 
@@ -106,8 +106,8 @@ def norm_patches(backend: Any = None) -> list[Patch]:
                        "persist_layer_norm / memory_efficient_layer_norm (apex kernel choices)")
     return [Replace(
         "megatron.core.fusions.fused_layer_norm:FusedLayerNorm.__new__", fused_why,
-        replacement=staticmethod(fused_layer_norm_new), **patch_range(), 
+        replacement=staticmethod(fused_layer_norm_new), **needed_on(), 
         api="megatron.core.fusions.fused_layer_norm.FusedLayerNorm", count_calls=False), Replace(
         "megatron.core.transformer.torch_norm:WrappedTorchNorm.__new__", wrapped_why,
-        replacement=staticmethod(build_norm), **patch_range(), 
+        replacement=staticmethod(build_norm), **needed_on(), 
         api="megatron.core.transformer.torch_norm.WrappedTorchNorm", count_calls=False)]

@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...patch import Patch, Wrap
-from .releases import patch_range
+from .releases import needed_on
 
 __all__ = ["optimizer_patches"]
 
@@ -68,8 +68,8 @@ def optimizer_patches() -> list[Patch]:
         f"{dist_opt}.load_state_dict",
         "load_state_dict gives every parameter one shared 'step' tensor, which torch Adam then "
         "increments once per parameter: each parameter gets its own copy",
-        wrapper=_own_steps, **patch_range(),  count_calls=False), Wrap(
+        wrapper=_own_steps, **needed_on(),  count_calls=False), Wrap(
         f"{dist_opt}._set_main_param_and_optimizer_states",
         "torch Adam's per-parameter 'step' is not in distrib_optim.pt (KeyError on load); keep the step "
         "load_state_dict restored, and copy into the main params with autograd off",
-        wrapper=_set_states, **patch_range(),  count_calls=False)]
+        wrapper=_set_states, **needed_on(),  count_calls=False)]

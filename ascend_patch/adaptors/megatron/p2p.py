@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...patch import Action, Patch, Wrap
-from .releases import patch_range
+from .releases import needed_on
 
 __all__ = ["p2p_patches", "sends_keep_their_storage"]
 
@@ -44,5 +44,5 @@ def p2p_patches() -> list[Patch]:
         "megatron.core.pipeline_parallel.p2p_communication:_p2p_ops",
         "overlapped pipeline sends (interleaved schedule): gloo reads the sent storage from a background thread "
         "after megatron's deallocate_output_tensor has freed it; send a detached alias that keeps it alive",
-        wrapper=sends_keep_their_storage, backends=frozenset({"cpu"}), **patch_range(), 
+        wrapper=sends_keep_their_storage, backends=frozenset({"cpu"}), **needed_on(), 
         action=Action.EMULATED, api="p2p_communication._p2p_ops", count_calls=False)]

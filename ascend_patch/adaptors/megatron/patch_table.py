@@ -88,9 +88,10 @@ def megatron_patch_markdown() -> str:
         # the functions jit_fuser compiled at import share its row (their patches exist only when
         # megatron-core was imported before the patch, so listing them would depend on the process)
         key = "megatron.core.jit:jit_fuser" if _is_jit(patch) else target
-        versions = f"{patch.package} {patch.versions}" if patch.versions else "any (a shim while the module is missing)"
+        versions = (f"{patch.package} {patch.needed}" if patch.needed else
+                    "every release" if patch.target.startswith("megatron.") else "any (a shim while the module is missing)")
         rows[key] = (patch.owner, patch.kind.value, ", ".join(sorted(per_backend)), versions, _why(per_backend))
-    lines = ["| patched (module:attribute) | plugin | kind | targets | checked against | why |",
+    lines = ["| patched (module:attribute) | plugin | kind | targets | needed on | why |",
              "|---|---|---|---|---|---|"]
     for key in sorted(rows):
         shown = f"`{key}`"

@@ -24,7 +24,7 @@ import logging
 from typing import Any
 
 from ...patch import Action, Patch, Wrap
-from .releases import patch_range
+from .releases import needed_on
 
 __all__ = ["HOST_RNG_MESSAGE", "rng_patches"]
 
@@ -69,5 +69,5 @@ def rng_patches() -> list[Patch]:
         "megatron.core.tensor_parallel.random:CudaRNGStatesTracker.fork",
         "the host generator is the CUDA generator on cpu: the tracker's 'CPU RNG state changed' "
         "check fires on every dropout and means nothing there", wrapper=_fork,
-        backends=frozenset({"cpu"}), **patch_range(),  action=Action.EMULATED,
+        backends=frozenset({"cpu"}), **needed_on(),  action=Action.EMULATED,
         api="CudaRNGStatesTracker.fork", count_calls=False)]

@@ -1,50 +1,54 @@
 """A ``triton`` shim for the megatron-core modules that cannot be imported without triton.
 
-Megatron-LM's ``megatron/training/initialize.py`` imports
-``megatron.core.transformer.custom_layers.batch_invariant_kernels``, which runs ``import triton``
-at module level with no fallback (so does megatron-core's Mamba inference module
-``attention_context/triton/tensor_ops.py``, imported by ``mamba_mixer``). An Ascend host has no
-CUDA triton, so without triton Megatron-LM cannot even start. The kernels those modules define
-run only when a flag asks for them (``--batch-invariant-mode``, Mamba inference), and the npu and
-cpu targets have nothing to run them with.
+Every supported release has modules that run ``import triton`` at module level on an import chain with no
+fallback: 0.16's ``batch_invariant_kernels`` (imported by Megatron-LM's ``initialize``), main's MoE
+``paged_stash`` ops (imported by ``megatron.core`` itself) and Mamba ``ssm/ops`` (imported by
+``megatron.training``), ... An Ascend host has no CUDA triton, so without it Megatron-LM cannot start. The
+kernels those modules define run only when a flag asks for them, and the npu and cpu targets have nothing to
+run them with.
 
-The shim is served only while the real ``triton`` is missing (an installed triton, or
-triton-ascend, is always found first), is marked as a shim, and goes away on ``remove()``. It is
-served **only to those modules** (:data:`IMPORTERS`): everyone else that imports triton —
-megatron-core's optional fusions and inference kernels behind ``try: ... except ImportError``,
-torch's Inductor, transformers — still gets ``ModuleNotFoundError`` and keeps its own fallback,
-exactly as without the shim. (Libraries that probe with ``importlib.util.find_spec`` are listed in
-:data:`HIDDEN_FROM`, so the finder gives them no spec either.) Once such a module has its
-``triton`` (its first ``@triton.jit``), the shim leaves ``sys.modules`` again, so a later
-``import triton`` elsewhere is not answered from the cache.
+Which importers are served is a rule, not a list (:func:`served_importer`): a megatron module gets the shim
+unless the import is inside ``try: ... except ImportError`` (or a handler catching it) in one of the megatron
+frames of the import chain — that module, or whichever megatron module is importing it — since such code
+has its own fallback for a missing triton and keeps it. Everyone else that imports triton (torch's Inductor,
+transformers, ...) gets ``ModuleNotFoundError`` as without the shim; libraries that probe with
+``importlib.util.find_spec`` are listed in :data:`HIDDEN_FROM`, so the finder gives them no spec either.
+The shim is served only while the real ``triton`` is missing (an installed triton, or triton-ascend, is
+always found first), is marked as a shim, and goes away on ``remove()``. Once a module has its ``triton``
+(its first ``@triton.jit``), the shim leaves ``sys.modules`` again, so a later ``import triton`` elsewhere is
+not answered from the cache.
 
-``@triton.jit`` (bare or with options), ``triton.autotune``/``heuristics``/``Config``,
-``triton.cdiv``/``next_power_of_2`` and ``triton.language.constexpr`` exist so that those modules
-import; *launching* a kernel raises :class:`TritonUnavailable`, naming the kernel and the flag
-that asked for it.
+``@triton.jit`` (bare or with options), ``triton.autotune``/``heuristics``/``Config``, ``triton.cdiv``/
+``next_power_of_2``, ``triton.__version__`` and ``triton.language.constexpr``/``int32``/``int64`` exist so
+that those modules import; *launching* a kernel raises :class:`TritonUnavailable`, naming the kernel and the
+flag that asked for it.
 """
 
 from __future__ import annotations
 
+import ast
+import functools
+import linecache
 import sys
 from collections.abc import Callable
 from typing import Any
 
 from ...errors import AscendPatchError
 from ...shim import ShimBuilder, ShimModule, ShimSpec, ShimTable, is_shim
-from .releases import TRITON_IMPORTERS
+from .releases import TRITON_KERNEL_USERS
 
-__all__ = ["HIDDEN_FROM", "IMPORTERS", "TRITON", "TRITON_NAMES", "TritonShims", "TritonUnavailable",
-           "build_triton_shim", "flag_for"]
-
-# megatron-core modules that import triton at module level with no fallback (see .releases)
-IMPORTERS: tuple[str, ...] = tuple(TRITON_IMPORTERS)
+__all__ = ["HIDDEN_FROM", "TRITON", "TRITON_NAMES", "TRITON_VERSION", "TritonShims", "TritonUnavailable",
+           "build_triton_shim", "flag_for", "guarded_lines", "served_importer"]
 
 # libraries that probe with importlib.util.find_spec("triton") before importing it
 HIDDEN_FROM: tuple[str, ...] = ("torch", "transformers", "accelerate", "torchao", "xformers", "bitsandbytes",
                                 "liger_kernel", "kernels", "deepspeed", "vllm", "peft")
 
+# triton.__version__: main's Mamba ops parse it (>= 3.0 takes their triton-3 branches; nothing runs)
+TRITON_VERSION = "3.4.0"
+
 _MACHINERY = ("importlib", "_frozen_importlib", "wrapt", "ascend_patch", "triton")
+_CATCHING = {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"}
 
 
 class TritonUnavailable(AscendPatchError, RuntimeError):
@@ -53,18 +57,59 @@ class TritonUnavailable(AscendPatchError, RuntimeError):
 
 def flag_for(module: str) -> str:
     """What asks for the kernels of ``module`` (the flag to turn off), or a generic phrase."""
-    return TRITON_IMPORTERS.get(module, "the option that selected this triton kernel")
+    for prefix, flag in TRITON_KERNEL_USERS.items():
+        if module == prefix or module.startswith(prefix + "."):
+            return flag
+    return "the option that selected this triton kernel"
 
 
-def _importer() -> str:
-    """``__name__`` of the module whose code runs the current import (import machinery skipped)."""
-    frame: Any = sys._getframe(1)
+def _catches_import_error(handler: ast.ExceptHandler) -> bool:
+    if handler.type is None:  # a bare except
+        return True
+    types = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
+    return any((t.id if isinstance(t, ast.Name) else t.attr if isinstance(t, ast.Attribute) else "") in _CATCHING
+               for t in types)
+
+
+@functools.lru_cache(maxsize=512)
+def guarded_lines(filename: str) -> frozenset[int]:
+    """The lines of ``filename`` inside the body of a ``try`` with a handler that catches ImportError."""
+    try:
+        tree = ast.parse("".join(linecache.getlines(filename)))
+    except (SyntaxError, ValueError):
+        return frozenset()
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Try, getattr(ast, "TryStar", ast.Try))) and any(
+                _catches_import_error(h) for h in node.handlers):
+            for stmt in node.body:
+                lines.update(range(stmt.lineno, (stmt.end_lineno or stmt.lineno) + 1))
+    return frozenset(lines)
+
+
+def _megatron(module: str) -> bool:
+    return module == "megatron" or module.startswith("megatron.")
+
+
+def served_importer(frame: Any = None) -> str | None:
+    """The megatron module importing triton now, when it gets the shim; None when it does not.
+
+    It does not when the importing code (the first frame outside the import machinery) is not megatron's, or
+    when any megatron frame of the chain runs that import inside a ``try`` that catches ImportError: that
+    code falls back by itself, as it does where triton is not installed.
+    """
+    frame = frame if frame is not None else sys._getframe(1)
+    importer = None
     while frame is not None:
-        name = frame.f_globals.get("__name__", "")
-        if not name.startswith(_MACHINERY):
-            return name
+        module = frame.f_globals.get("__name__", "")
+        if importer is None and not module.startswith(_MACHINERY):
+            importer = module
+            if not _megatron(module):
+                return None
+        if importer is not None and _megatron(module) and frame.f_lineno in guarded_lines(frame.f_code.co_filename):
+            return None
         frame = frame.f_back
-    return ""
+    return importer
 
 
 def _uncache() -> None:
@@ -144,28 +189,44 @@ class constexpr:  # noqa: N801 (triton's name)
         return f"constexpr[{self.value!r}]"
 
 
-_HINT = ("triton is not installed; ascend_patch's shim provides only what lets megatron-core's "
-         "batch-invariant and Mamba inference kernels be imported (jit, autotune, heuristics, Config, cdiv, "
-         "next_power_of_2, language.constexpr). Install triton (or triton-ascend) to run triton kernels")
+class dtype:  # noqa: N801 (triton's name)
+    """``triton.language``'s integer types: annotations of kernel arguments, never computed with here."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"triton.language.{self.name}"
+
+
+int32 = dtype("int32")
+int64 = dtype("int64")
+
+_HINT = ("triton is not installed; ascend_patch's shim provides only what lets megatron-core's modules that import "
+         "triton without a fallback be imported (jit, autotune, heuristics, Config, cdiv, next_power_of_2, "
+         "__version__, language.constexpr/int32/int64). Install triton (or triton-ascend) to run triton kernels")
 _HERE = "ascend_patch.adaptors.megatron.triton_shim"
 
 TRITON: ShimTable = {
     "triton": ShimSpec("kernels import but refuse to launch", {
         "jit": f"{_HERE}:jit", "autotune": f"{_HERE}:passthrough", "heuristics": f"{_HERE}:passthrough",
-        "Config": f"{_HERE}:Config", "cdiv": f"{_HERE}:cdiv", "next_power_of_2": f"{_HERE}:next_power_of_2"},
+        "Config": f"{_HERE}:Config", "cdiv": f"{_HERE}:cdiv", "next_power_of_2": f"{_HERE}:next_power_of_2",
+        "__version__": f"{_HERE}:TRITON_VERSION"},
         hints={"*": _HINT}),
-    "triton.language": ShimSpec("constexpr only", {"constexpr": f"{_HERE}:constexpr"}, hints={"*": _HINT}),
+    "triton.language": ShimSpec("constexpr and the integer types kernels annotate with", {
+        "constexpr": f"{_HERE}:constexpr", "int32": f"{_HERE}:int32", "int64": f"{_HERE}:int64"},
+        hints={"*": _HINT}),
 }
 TRITON_NAMES: tuple[str, ...] = tuple(TRITON)
 
 
 class TritonShims(ShimBuilder):
-    """The :data:`TRITON` modules, for :data:`IMPORTERS` only: any other importer gets ``ModuleNotFoundError``,
-    as if the shim did not exist."""
+    """The :data:`TRITON` modules, for the importers :func:`served_importer` names: any other importer gets
+    ``ModuleNotFoundError``, as if the shim did not exist."""
 
     def __call__(self, name: str) -> ShimModule:
         self.spec(name)
-        if _importer() not in IMPORTERS:
+        if served_importer(sys._getframe(1)) is None:
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
         return super().__call__(name)
 

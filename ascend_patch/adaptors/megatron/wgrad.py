@@ -21,7 +21,7 @@ from typing import Any
 
 from ...patch import Action, Add, ModuleShim, Patch, Replace
 from ...shim import ShimBuilder, ShimSpec, ShimTable
-from .releases import patch_range
+from .releases import needed_on
 
 __all__ = ["FUSED_WEIGHT_GRADIENT_MLP_CUDA", "MODULE_NAME", "wgrad_gemm_accum", "wgrad_patches"]
 
@@ -64,9 +64,9 @@ def wgrad_patches() -> list[Patch]:
         Replace(f"{layers}:_grad_accum_fusion_available",
                 "gradient_accumulation_fusion: megatron's import-time probe for apex's extension answers "
                 "yes (also when megatron-core was imported before the shim existed)", make=lambda original: True,
-                **patch_range(),  count_calls=False),
+                **needed_on(),  count_calls=False),
         Add(f"{layers}:{MODULE_NAME}",
             "gradient_accumulation_fusion: the extension module, where megatron-core was imported before "
             "the shim existed", make=module_object,
-            **patch_range(),  count_calls=False),
+            **needed_on(),  count_calls=False),
     ]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ....shim import Renamed, ShimSpec, ShimTable
 
-__all__ = ["SURFACE", "TE_VERSION"]
+__all__ = ["OPS_ACTIVATIONS", "OPS_OPERATIONS", "SURFACE", "TE_VERSION"]
 
 # The Transformer Engine API level this layer implements and reports as transformer_engine.__version__
 # (megatron-core reads __version__ before any distribution metadata; the shim has none, so
@@ -23,6 +23,15 @@ __all__ = ["SURFACE", "TE_VERSION"]
 #   0.16 is FP4 and CUDA-graph code, which the targets refuse or never reach.
 # * not higher: megatron-core's checks at 2.8 and above switch on paths this layer was not checked against.
 TE_VERSION = "2.7.0"
+
+# Every name of transformer_engine.pytorch.ops a supported megatron-core release reads (tests/ops/test_ops_te_layer.py
+# checks them against the vendored releases): 0.13/0.14's TEFusedMLP names the fused activations in its class
+# body, so they must exist when megatron.core.extensions.transformer_engine is imported; 0.15+ read SiLU,
+# BasicLinear, Bias, AllReduce, ReduceScatter, MakeExtraOutput; main the Scaled* activations and GroupedLinear.
+OPS_ACTIVATIONS = ("GELU", "GEGLU", "QGELU", "QGEGLU", "ReLU", "ReGLU", "SReLU", "SReGLU", "SiLU", "SwiGLU",
+                   "ScaledSwiGLU", "ScaledSReLU", "ScaledClampedQGeGLU")
+OPS_OPERATIONS = ("Linear", "BasicLinear", "Bias", "LayerNorm", "RMSNorm", "GroupedLinear", "AllGather",
+                  "AllReduce", "ReduceScatter", "MakeExtraOutput")
 
 _TE = "ascend_patch.adaptors.megatron.te"
 _OPS = "ascend_patch.ops"
@@ -121,6 +130,7 @@ SURFACE: ShimTable = {
         {"parallel_cross_entropy": f"{_TE}.cross_entropy:parallel_cross_entropy"}, hints=_HINTS),
     "transformer_engine.pytorch.ops": ShimSpec(
         "the op-based API's names (using it is refused)",
-        {name: f"{_TE}.ops_api:{name}" for name in ("FusibleOperation", "Sequential")},
+        {name: f"{_TE}.ops_api:{name}" for name in ("FusibleOperation", "Sequential", *OPS_ACTIVATIONS,
+                                                     *OPS_OPERATIONS)},
         hints={"*": _HINTS["ops"]}),
 }

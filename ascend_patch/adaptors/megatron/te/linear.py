@@ -124,24 +124,47 @@ class _ParallelLinear(TEModule):
         else:
             self.bias = torch.empty(0, dtype=dtype, device=where)  # TE's "no bias"
 
+    def _group_keywords(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The process-group keywords for megatron's GEMM (``tp_group=``) and its reductions (``group=``).
+
+        Releases before the fact ``tp_group_arguments`` take neither: their functions always use the global
+        tensor-parallel group, which is then the only group this module can run on.
+        """
+        from ..releases import has
+
+        if has("tp_group_arguments"):
+            return {"tp_group": self.tp_group}, {"group": self.tp_group}
+        from megatron.core import parallel_state
+
+        own = parallel_state.get_tensor_model_parallel_group(check_initialized=False)
+        if self.tp_group is not None and own is not None and self.tp_group is not own:
+            from ..releases import current_version
+
+            raise refuse(type(self).__name__, "tp_group=<not the tensor-parallel group>", (
+                f"megatron-core {current_version()}'s tensor-parallel GEMM and reductions always use the global "
+                "tensor-parallel group, and this module was given another one"), "give the layer the "
+                "tensor-parallel group (parallel_state.get_tensor_model_parallel_group()), or use megatron-core "
+                "0.13 or newer, whose functions take the group")
+        return {}, {}
+
     def _gemm(self, inp: Tensor) -> Tensor:
         from megatron.core.tensor_parallel import mappings
         from megatron.core.tensor_parallel.layers import linear_with_grad_accumulation_and_async_allreduce as gemm
 
         bias = self.bias if self.apply_bias else None
-        group = self.tp_group
+        gemm_group, reduce_group = self._group_keywords()
         if self.parallel_mode == "column" and self.tp_size > 1:
             allreduce_dgrad = not self.sequence_parallel
             return gemm(inp, self.weight, bias, self.fuse_wgrad_accumulation, allreduce_dgrad,
-                        self.sequence_parallel, tp_group=group)
+                        self.sequence_parallel, **gemm_group)
         if self.parallel_mode == "row" and self.tp_size > 1:
-            out = gemm(inp, self.weight, None, self.fuse_wgrad_accumulation, False, False, tp_group=group)
+            out = gemm(inp, self.weight, None, self.fuse_wgrad_accumulation, False, False, **gemm_group)
             if self.sequence_parallel:
-                out = mappings.reduce_scatter_to_sequence_parallel_region(out, group=group)
+                out = mappings.reduce_scatter_to_sequence_parallel_region(out, **reduce_group)
             else:
-                out = mappings.reduce_from_tensor_model_parallel_region(out, group=group)
+                out = mappings.reduce_from_tensor_model_parallel_region(out, **reduce_group)
             return out + bias if bias is not None else out
-        return gemm(inp, self.weight, bias, self.fuse_wgrad_accumulation, False, False, tp_group=group)
+        return gemm(inp, self.weight, bias, self.fuse_wgrad_accumulation, False, False, **gemm_group)
 
     def _outputs(self, out: Tensor, *extra: Tensor) -> Any:
         if self.return_bias:

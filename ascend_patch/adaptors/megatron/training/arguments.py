@@ -35,10 +35,17 @@ _UNSET = object()
 
 
 def megatron_expects(args: Any) -> Any:
-    """The value Megatron-LM 0.16's checks want for ``args``: ``"1"``, None (unset) or ``_UNSET`` (no check)."""
-    if getattr(args, "use_torch_fsdp2", False) or getattr(args, "use_megatron_fsdp", False):
+    """The value Megatron-LM's checks want for ``args``: ``"1"``, None (unset) or ``_UNSET`` (no check).
+
+    Read from the arguments, so every release's rule is met: FSDP (torch FSDP2, 0.12-0.13's custom
+    FSDP, 0.14+'s Megatron-FSDP) asserts the variable is not 1; otherwise every release asserts 1 with
+    TP or CP, and core_r0.8.0 also whenever its (deprecated, default-on) async TP all-reduce or sequence
+    parallelism is on.
+    """
+    if any(getattr(args, flag, False) for flag in ("use_torch_fsdp2", "use_custom_fsdp", "use_megatron_fsdp")):
         return None  # FSDP asserts the variable is not 1 (with TP/CP it only warns)
-    if (getattr(args, "tensor_model_parallel_size", 1) or 1) > 1 or (getattr(args, "context_parallel_size", 1) or 1) > 1:
+    if ((getattr(args, "tensor_model_parallel_size", 1) or 1) > 1 or (getattr(args, "context_parallel_size", 1) or 1) > 1
+            or getattr(args, "async_tensor_model_parallel_allreduce", False) or getattr(args, "sequence_parallel", False)):
         return "1"
     return _UNSET
 
