@@ -9,10 +9,10 @@ from __future__ import annotations
 import os
 import shlex
 
-from .rules import Action, Context, Given, MigrationError, Outcome
+from .rules import Action, Context, Given, MigrationError, Outcome, in_range
 
 __all__ = [
-    "SPECS", "context_parallel_hybrid", "deterministic", "first_k_dense_replace", "hf2mg_convert", "layout_flag", "layout_stages",
+    "SPECS", "context_parallel_hybrid", "deterministic", "first_k_dense_replace", "gloo_groups", "hf2mg_convert", "layout_flag", "layout_stages",
     "moe_ep_overlap", "norm_topk_prob", "padded_vocab_divisor", "rope_factor", "rope_scaling_type",
     "spec", "tokenizer_fast_default", "uneven_first_last",
 ]
@@ -251,21 +251,21 @@ def hf2mg_convert(given: Given | None, context: Context) -> Outcome | None:
         return Outcome(Action.REFUSED, why="--enable-hf2mg-convert needs --load (the HF model) and --model-type-hf")
     tp, pp = context.number("--tensor-model-parallel-size", 1), context.number("--pipeline-model-parallel-size", 1)
     ep = context.number("--expert-model-parallel-size", 1)
-    cache = os.path.join(load, f"megatron_cache_tp{tp}pp{pp}ep{ep}")
+    cached = f"megatron_cache_tp{tp}pp{pp}ep{ep}"
+    theirs = os.path.join(load, cached)  # where MindSpeed-LLM itself converts to (a stock-loadable layout)
+    ours = (load.rstrip("/") or load) + "_" + cached  # ascend-patch convert writes outside the source
+    done = next((d for d in (theirs, ours) if os.path.isfile(os.path.join(d, "latest_checkpointed_iteration.txt"))),
+                None)
     step = ["ascend-patch", "convert", "--load-model-type", "hf", "--save-model-type", "mg", "--model-type-hf",
             family, "--target-tensor-parallel-size", str(tp), "--target-pipeline-parallel-size", str(pp),
-            "--load-dir", load, "--save-dir", cache]
-    if ep > 1:
-        step[step.index("--load-dir"):step.index("--load-dir")] = ["--target-expert-parallel-size", str(ep)]
-    done = os.path.isfile(os.path.join(cache, "latest_checkpointed_iteration.txt"))
+            *(["--target-expert-parallel-size", str(ep)] if ep > 1 else []), "--load-dir", load, "--save-dir", ours]
+    target = done or ours
     return Outcome(
-        Action.TRANSLATED, ("--load", cache),
+        Action.TRANSLATED, ("--load", target),
         "MindSpeed-LLM converts the Hugging Face --load into megatron_cache_tp*pp*ep* at start; stock loads a "
-        "Megatron checkpoint, which ascend-patch convert writes there " +
-        ("(already done)" if done else "first"),
+        "Megatron checkpoint: " + (f"{target} holds it" if done else f"ascend-patch convert writes it to {ours} first"),
         replaces={"--load": f"the converted copy of {load}", "--model-type-hf": "names the family to convert"},
         before=() if done else (" ".join(shlex.quote(p) for p in step),))
-
 
 
 def deterministic(given: Given | None, context: Context) -> Outcome | None:
@@ -273,3 +273,15 @@ def deterministic(given: Given | None, context: Context) -> Outcome | None:
     return Outcome(Action.TRANSLATED, ("--deterministic-mode",), (
         "deterministic kernels and reductions; stock's check also wants NCCL_ALGO set (HCCL and gloo do not read "
         "it) and refuses --use-flash-attn and --cross-entropy-loss-fusion"), env={"NCCL_ALGO": "Ring"})
+
+
+def gloo_groups(given: Given | None, context: Context) -> Outcome | None:
+    """``--disable-gloo-group``: stock's flag, unless its legacy distributed-optimizer checkpoint needs gloo."""
+    legacy = context.value("--ckpt-format", "torch_dist") == "torch" or (
+        not context.has("--ckpt-format") and not in_range(context.mindspeed_llm, ">=26"))
+    if context.has("--use-distributed-optimizer") and legacy:
+        return Outcome(Action.DROPPED, why=(
+            "stock saves the distributed optimizer's state in the legacy torch format by gathering it over gloo "
+            "groups, so it keeps them (more host memory and sockets, same results); with --ckpt-format torch_dist "
+            "it can drop them (--disable-gloo-process-groups)"))
+    return Outcome(Action.TRANSLATED, ("--disable-gloo-process-groups",), "no gloo process groups besides the main ones")

@@ -54,7 +54,7 @@ def format_script(launch: Launch, migration: Migration, source: str = "") -> str
     if migration.refused:
         out += ["#", "# REFUSED: under ascend_patch this launch stops before training with:"]
         out += ["#   " + line for line in migration.refusal().splitlines()]
-    out.append("set -e")
+    out.append("set -eo pipefail")
     out += [f"export {name}={shlex.quote(value)}" for name, value in migration.env.items()]
     out += list(migration.before)
     words = command(launch, migration)

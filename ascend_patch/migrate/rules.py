@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import enum
 import fnmatch
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -145,13 +146,13 @@ class FlagRule:
 
     def matches(self, given: Given | None, megatron: str, mindspeed_llm: str) -> bool:
         """Whether the rule is the one for ``given`` (None: the flag is absent) at these releases."""
-        if not (in_range(megatron, self.megatron) and in_range(mindspeed_llm, self.mindspeed_llm)):
-            return False
         if given is None:
-            return self.absent
-        if self.absent or not fnmatch.fnmatchcase(given.flag, self.flag):
+            if not self.absent:
+                return False
+        elif self.absent or not fnmatch.fnmatchcase(given.flag, self.flag) or self.values and not any(
+                fnmatch.fnmatchcase(given.value or "", v) for v in self.values):
             return False
-        return not self.values or any(fnmatch.fnmatchcase(given.value or "", v) for v in self.values)
+        return in_range(megatron, self.megatron) and in_range(mindspeed_llm, self.mindspeed_llm)
 
     def outcome(self, given: Given | None, context: Context) -> Outcome | None:
         """The rule's :class:`Outcome` for ``given`` in ``context`` (None: it does not apply)."""
@@ -162,6 +163,7 @@ class FlagRule:
         return Outcome(self.action, to, self.why)
 
 
+@functools.lru_cache(maxsize=1024)
 def in_range(release: str, specifier: str) -> bool:
     """Whether ``release`` ("0.16.1", "26.1.0", "0.20.0rc0") is in the PEP 440 range (""/None: every)."""
     if not specifier:

@@ -136,8 +136,8 @@ FLAGS: tuple[FlagRule, ...] = (
     # --- distributed, optimizer, memory, speed
     FlagRule("--npu-deterministic", A.TRANSLATED, "--deterministic-mode (with NCCL_ALGO for stock's check)",
              compute=c.deterministic),
-    _rule("--disable-gloo-group", A.TRANSLATED, "no gloo process groups besides the main ones",
-          "--disable-gloo-process-groups"),
+    FlagRule("--disable-gloo-group", A.TRANSLATED, "--disable-gloo-process-groups, or dropped where stock's legacy "
+             "distributed-optimizer checkpoint needs gloo", compute=c.gloo_groups),
     _rule("--distributed-backend", A.KEPT, "nccl: ascend_patch runs hccl on npu (gloo on cpu)"),
     _rule("--reuse-fp32-param", A.DROPPED, MEMORY + "MindSpeed stores the bf16 parameters inside the fp32 master "
           "copies; stock keeps both, about 2 more bytes per parameter on each rank"),
