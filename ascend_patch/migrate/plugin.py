@@ -13,7 +13,8 @@ from typing import Any
 from ..hookspec import hookimpl
 from ..patch import Action, Patch, Wrap
 
-__all__ = ["ascend_patch_migrate_flags", "ascend_patch_register_patches", "migrate_patches"]
+__all__ = ["ascend_patch_checkpoint_loaders", "ascend_patch_migrate_flags", "ascend_patch_register_patches",
+           "migrate_patches"]
 
 
 def migrate_patches(backend: Any, settings: Any = None) -> list[Patch]:
@@ -36,3 +37,10 @@ def ascend_patch_migrate_flags() -> Iterable[Any]:
     from .table import FLAGS
 
     return FLAGS
+
+
+@hookimpl
+def ascend_patch_checkpoint_loaders() -> Iterable[Any]:
+    from .checkpoint import MindSpeedLLMLoader
+
+    return [MindSpeedLLMLoader()]
