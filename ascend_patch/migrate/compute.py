@@ -12,9 +12,9 @@ import shlex
 from .rules import Action, Context, Given, MigrationError, Outcome, in_range
 
 __all__ = [
-    "SPECS", "context_parallel_hybrid", "deterministic", "first_k_dense_replace", "gloo_groups", "hf2mg_convert", "layout_flag", "layout_stages",
-    "moe_ep_overlap", "norm_topk_prob", "padded_vocab_divisor", "rope_factor", "rope_scaling_type",
-    "spec", "tokenizer_fast_default", "uneven_first_last",
+    "SPECS", "context_parallel_hybrid", "deterministic", "first_k_dense_replace", "gloo_groups", "hf2mg_convert",
+    "layout_flag", "layout_stages", "moe_ep_overlap", "norm_topk_prob", "padded_vocab_divisor", "rope_factor",
+    "rope_scaling_type", "spec", "tokenizer_fast_default", "uneven_first_last",
 ]
 
 SPECS = {  # MindSpeed-LLM layer specs that megatron-core's local spec builds, and the flags it needs for that

@@ -118,14 +118,18 @@ def translate(argv: Sequence[str], megatron: str, mindspeed_llm: str, rules: Seq
     given = parse_flags(argv)
     context = Context(tuple(given), megatron, mindspeed_llm, dict(env or {}))
     outcomes: list[tuple[Given, Outcome]] = []
+    unknown: set[str] = set()  # refused only for want of a rule: a translation that replaces them wins
     for item in given:
         rule = _first(rules, item, context)
         outcome = rule.outcome(item, context) if rule is not None else None
         if outcome is None:
-            unknown = stock is not None and item.flag not in stock.options
-            outcome = Outcome(Action.REFUSED, why=f"stock Megatron-LM (megatron-core {megatron}) has no {item.flag} "
-                              "and the migration table has no rule for it: remove it, or add a rule through the "
-                              "ascend_patch_migrate_flags hook") if unknown else Outcome(Action.KEPT, why=UNKNOWN)
+            if stock is not None and item.flag not in stock.options:
+                unknown.add(item.flag)
+                outcome = Outcome(Action.REFUSED, why=f"stock Megatron-LM (megatron-core {megatron}) has no {item.flag} "
+                                  "and the migration table has no rule for it: remove it, or add a rule through the "
+                                  "ascend_patch_migrate_flags hook")
+            else:
+                outcome = Outcome(Action.KEPT, why=UNKNOWN)
         outcomes.append((item, outcome))
 
     replaced: dict[str, str] = {}
@@ -135,7 +139,7 @@ def translate(argv: Sequence[str], megatron: str, mindspeed_llm: str, rules: Seq
     rows = []
     for item, outcome in outcomes:
         row = _row(item, outcome)
-        if item.flag in replaced and row.action is not Action.REFUSED:
+        if item.flag in replaced and (row.action is not Action.REFUSED or item.flag in unknown):
             row = Row(item.flag, item.value, Action.TRANSLATED, (), replaced[item.flag])
         rows.append(row)
 

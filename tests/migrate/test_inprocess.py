@@ -18,7 +18,7 @@ from ascend_patch.patch import Wrap
 from ascend_patch.plugins import PluginManager, reset_plugin_manager
 
 STOCK = StockParser(frozenset({"--num-layers", "--tokenizer-type", "--tokenizer-model", "--spec", "--bf16",
-                               "--use-flash-attn", "--tokenizer-hf-use-fast"}),
+                               "--use-flash-attn", "--tokenizer-hf-use-fast", "--load"}),
                     {"--tokenizer-type": frozenset({"HuggingFaceTokenizer", "NullTokenizer"})})
 
 
@@ -105,3 +105,16 @@ def test_a_plugin_adds_and_overrides_rules() -> None:
                                                             ("--reuse-fp32-param", Action.REFUSED)]
     older = translate(["--reuse-fp32-param"], "0.12.1", "26.1.0", table)
     assert older.rows[0].action is Action.DROPPED  # the plugin's rule is for >=0.16 only: the built-in one applies
+
+
+def test_a_launch_that_needs_its_conversion_first_says_which(argv_and_stock: Any, tmp_path: Any) -> None:
+    call, seen = argv_and_stock
+    argv = ["--enable-hf2mg-convert", "--model-type-hf", "qwen3", "--load", str(tmp_path / "hf")]
+    with pytest.raises(MigrationRefused, match=r"needs a step before it") as caught:
+        call(argv)
+    assert not seen
+    unknown_load = translate(argv, "0.16.1", "26.1.0", FLAGS, stock=StockParser(frozenset()))
+    assert "--load" not in [r.flag for r in unknown_load.refused]  # replaced by the translation, not unknown
+    assert (f"ascend-patch convert --load-model-type hf --save-model-type mg --model-type-hf qwen3 "
+            f"--target-tensor-parallel-size 1 --target-pipeline-parallel-size 1 --load-dir {tmp_path}/hf "
+            f"--save-dir {tmp_path}/hf_megatron_cache_tp1pp1ep1") in str(caught.value)
