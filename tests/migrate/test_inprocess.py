@@ -118,3 +118,17 @@ def test_a_launch_that_needs_its_conversion_first_says_which(argv_and_stock: Any
     assert (f"ascend-patch convert --load-model-type hf --save-model-type mg --model-type-hf qwen3 "
             f"--target-tensor-parallel-size 1 --target-pipeline-parallel-size 1 --load-dir {tmp_path}/hf "
             f"--save-dir {tmp_path}/hf_megatron_cache_tp1pp1ep1") in str(caught.value)
+
+
+def test_translations_are_listed_in_the_report(argv_and_stock: Any) -> None:
+    from ascend_patch import usage
+
+    call, _ = argv_and_stock
+    recorder = usage.UsageRecorder()
+    usage.set_recorder(recorder)
+    try:
+        call(["--tokenizer-name-or-path", "/tok", "--reuse-fp32-param", "--num-layers", "2"])
+    finally:
+        usage.set_recorder(None)
+    assert {(u.api, u.action) for u in recorder.uses()} == {
+        ("MindSpeed-LLM --tokenizer-name-or-path", "translated"), ("MindSpeed-LLM --reuse-fp32-param", "dropped")}
