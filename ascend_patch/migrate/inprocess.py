@@ -85,6 +85,8 @@ def parse_args(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[
     if migration.before:
         raise MigrationRefused("ascend_patch migrate: this launch needs a step before it (MindSpeed-LLM did it at "
                                "start):\n  " + "\n  ".join(migration.before) + "\nrun it, then launch again")
+    for name, value in migration.env.items():  # what a translation needs set (NCCL_ALGO for --deterministic-mode)
+        os.environ.setdefault(name, value)
     saved = sys.argv
     sys.argv = [saved[0], *migration.args]
     try:

@@ -18,7 +18,8 @@ from ascend_patch.patch import Wrap
 from ascend_patch.plugins import PluginManager, reset_plugin_manager
 
 STOCK = StockParser(frozenset({"--num-layers", "--tokenizer-type", "--tokenizer-model", "--spec", "--bf16",
-                               "--use-flash-attn", "--tokenizer-hf-use-fast", "--load"}),
+                               "--use-flash-attn", "--tokenizer-hf-use-fast", "--load",
+                               "--deterministic-mode"}),
                     {"--tokenizer-type": frozenset({"HuggingFaceTokenizer", "NullTokenizer"})})
 
 
@@ -132,3 +133,13 @@ def test_translations_are_listed_in_the_report(argv_and_stock: Any) -> None:
         usage.set_recorder(None)
     assert {(u.api, u.action) for u in recorder.uses()} == {
         ("MindSpeed-LLM --tokenizer-name-or-path", "translated"), ("MindSpeed-LLM --reuse-fp32-param", "dropped")}
+
+
+def test_a_variable_a_translation_needs_is_set(argv_and_stock: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    call, _ = argv_and_stock
+    monkeypatch.setenv("NCCL_ALGO", "unset")  # recorded, so the variable is put back afterwards
+    monkeypatch.delenv("NCCL_ALGO")
+    assert call(["--npu-deterministic", "--num-layers", "2"]) == ["--deterministic-mode", "--num-layers", "2"]
+    assert os.environ["NCCL_ALGO"] == "Ring"
