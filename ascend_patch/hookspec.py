@@ -109,7 +109,7 @@ class FlagRuleLike(Protocol):
     """One entry of the MindSpeed-LLM migration table (:class:`ascend_patch.migrate.FlagRule`)."""
 
     flag: str  # "--padded-vocab-size", or an environment variable ("HCCL_*" patterns allowed)
-    megatron: str  # PEP 440 range of the megatron-core releases the rule is true for ("" = every)
+    megatron: str  # the megatron-core releases it is true for: a fact of ascend_patch.migrate.facts, or a PEP 440 range
     mindspeed_llm: str  # PEP 440 range of the MindSpeed-LLM releases whose flag it describes
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 import shlex
 
-from .rules import Action, Context, Given, MigrationError, Outcome, in_range
+from .facts import in_range
+from .rules import Action, Context, Given, MigrationError, Outcome
 
 __all__ = [
     "SPECS", "context_parallel_hybrid", "deterministic", "first_k_dense_replace", "gloo_groups", "hf2mg_convert",

@@ -85,6 +85,15 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
+def _releases(fact: str) -> str:
+    from .facts import MEGATRON_FACTS
+
+    name = fact.lstrip("!")
+    if name not in MEGATRON_FACTS:
+        return fact or "all"
+    return f"{'without ' if fact.startswith('!') else ''}`{name}` ({MEGATRON_FACTS[name]})"
+
+
 def markdown_table(rules: Sequence[FlagRule]) -> str:
     """The table of rules for docs/migrating.md: one line per rule, in the order rules are tried."""
     out = ["| flag | value | megatron-core | MindSpeed-LLM | action | stock form | why |", "|---|---|---|---|---|---|---|"]
@@ -92,7 +101,7 @@ def markdown_table(rules: Sequence[FlagRule]) -> str:
         to = " ".join(rule.to) if rule.to else ("computed" if rule.compute else "")
         value = ", ".join(rule.values) if rule.values else ("(absent)" if rule.absent else "")
         out.append("| " + " | ".join(_cell(x) for x in (
-            f"`{rule.flag}`", value, rule.megatron or "all", rule.mindspeed_llm or "all", rule.action.value,
+            f"`{rule.flag}`", value, _releases(rule.megatron), rule.mindspeed_llm or "all", rule.action.value,
             f"`{to}`" if to and to != "computed" else to, rule.why)) + " |")
     return "\n".join(out)
 

@@ -3,8 +3,8 @@
 A rule says what stock Megatron-LM does with one flag (or environment variable) of a
 MindSpeed-LLM launch: :class:`Action`, the stock arguments it becomes (``to``, with ``{value}``
 standing for the value given), and why. ``megatron`` and ``mindspeed_llm`` are PEP 440 ranges
-of the releases the rule is true for, so a new release is an edit of a range or one more entry;
-nothing else in the package compares release numbers. A rule whose result depends on other
+of the releases the rule is true for (megatron-core's by a named fact of :mod:`.facts`, where every
+range is written once), so a new release is an edit of a range or one more entry. A rule whose result depends on other
 flags names a function (``compute``) that returns an :class:`Outcome`.
 """
 
@@ -12,17 +12,14 @@ from __future__ import annotations
 
 import enum
 import fnmatch
-import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from packaging.specifiers import SpecifierSet
-from packaging.version import Version
-
 from ..errors import AscendPatchError
+from .facts import in_range, megatron_has
 
 __all__ = ["MINDSPEED_LLM", "Action", "Context", "FlagRule", "Given", "MigrationError", "MigrationRefused",
-           "Outcome", "in_range"]
+           "Outcome"]
 
 # The MindSpeed-LLM releases the built-in table was read from (their flag definitions and example
 # scripts); all of them pin Megatron-LM core_v0.12.1.
@@ -128,8 +125,10 @@ class FlagRule:
     """One entry of the migration table.
 
     ``flag``: ``--name``, or an environment variable (``HCCL_*`` patterns allowed). ``values``:
-    the rule applies only to these values (``*`` patterns allowed; empty: any). ``megatron`` / ``mindspeed_llm``: PEP 440
-    ranges of the releases it is true for ("" = every release). ``absent``: the rule is for a
+    the rule applies only to these values (``*`` patterns allowed; empty: any). ``megatron``: the
+    megatron-core releases it is true for, as a fact of :mod:`.facts` (``"!fact"``: the releases
+    without it; a plugin may give a PEP 440 range); ``mindspeed_llm``: a PEP 440 range of
+    MindSpeed-LLM releases ("" = every release). ``absent``: the rule is for a
     launch that does *not* give the flag (a default that differs, made explicit); its
     ``compute`` may return None when it does not apply. ``to`` may use ``{value}``.
     """
@@ -152,7 +151,7 @@ class FlagRule:
         elif self.absent or not fnmatch.fnmatchcase(given.flag, self.flag) or self.values and not any(
                 fnmatch.fnmatchcase(given.value or "", v) for v in self.values):
             return False
-        return in_range(megatron, self.megatron) and in_range(mindspeed_llm, self.mindspeed_llm)
+        return megatron_has(megatron, self.megatron) and in_range(mindspeed_llm, self.mindspeed_llm)
 
     def outcome(self, given: Given | None, context: Context) -> Outcome | None:
         """The rule's :class:`Outcome` for ``given`` in ``context`` (None: it does not apply)."""
@@ -161,11 +160,3 @@ class FlagRule:
         value = given.value if given is not None else None
         to = tuple(part.format(value=value or "") for part in self.to)
         return Outcome(self.action, to, self.why)
-
-
-@functools.lru_cache(maxsize=1024)
-def in_range(release: str, specifier: str) -> bool:
-    """Whether ``release`` ("0.16.1", "26.1.0", "0.20.0rc0") is in the PEP 440 range (""/None: every)."""
-    if not specifier:
-        return True
-    return SpecifierSet(specifier, prereleases=True).contains(Version(release))

@@ -42,16 +42,16 @@ FLAGS: tuple[FlagRule, ...] = (
           "{value}"),
     _rule("--tokenizer-not-use-fast", A.DROPPED, "this release cannot choose the slow HF tokenizer; pretraining "
           "data is tokenized already, and the tokenizer only gives the vocabulary size and the EOD id, on which "
-          "fast and slow agree", megatron="<0.16"),
+          "fast and slow agree", megatron="!hf_tokenizer_fast_switch"),
     _rule("--tokenizer-not-use-fast", A.TRANSLATED, "0.16's data-set tokenizer is the slow one unless "
-          "--tokenizer-hf-use-fast is given", megatron=">=0.16,<0.17"),
+          "--tokenizer-hf-use-fast is given", megatron="tokenizer_hf_use_fast_flag"),
     _rule("--tokenizer-not-use-fast", A.TRANSLATED, "the slow HF tokenizer", "--tokenizer-hf-no-use-fast",
-          megatron=">=0.17"),
+          megatron="tokenizer_hf_no_use_fast_flag"),
     FlagRule("--tokenizer-not-use-fast", A.EXPLICIT, "MindSpeed-LLM's fast HF tokenizer, which 0.16 must be asked "
-             "for", ("--tokenizer-hf-use-fast",), megatron=">=0.16,<0.17", absent=True, compute=c.tokenizer_fast_default),
+             "for", ("--tokenizer-hf-use-fast",), megatron="tokenizer_hf_use_fast_flag", absent=True, compute=c.tokenizer_fast_default),
     FlagRule("--padded-vocab-size", A.TRANSLATED, "no --padded-vocab-size here: padding to a multiple of N gives N rows",
-             megatron="<0.14", compute=c.padded_vocab_divisor),
-    _rule("--padded-vocab-size", A.KEPT, "stock builds exactly N embedding rows", megatron=">=0.14"),
+             megatron="!padded_vocab_size_flag", compute=c.padded_vocab_divisor),
+    _rule("--padded-vocab-size", A.KEPT, "stock builds exactly N embedding rows", megatron="padded_vocab_size_flag"),
     # --- model
     FlagRule("--spec", A.TRANSLATED, "MindSpeed-LLM's qwen3 spec is megatron-core's local layer with q/k RMSNorm: "
              "no --spec, and --qk-layernorm", values=tuple(c.SPECS), compute=c.spec),
@@ -89,18 +89,18 @@ FLAGS: tuple[FlagRule, ...] = (
     FlagRule("--first-k-dense-replace", A.TRANSLATED, "the first k layers dense: a --moe-layer-freq list",
              compute=c.first_k_dense_replace),
     _rule("--moe-token-dispatcher-type", A.KEPT, "this release still has alltoall_seq", values=("alltoall_seq",),
-          megatron="<0.13"),
+          megatron="alltoall_seq_dispatcher"),
     _rule("--moe-token-dispatcher-type", A.TRANSLATED, "alltoall_seq was removed in 0.13; alltoall sends the same "
           "tokens to the same experts (the _seq variant only changed how they travel)", "--moe-token-dispatcher-type",
-          "alltoall", values=("alltoall_seq",), megatron=">=0.13"),
+          "alltoall", values=("alltoall_seq",), megatron="!alltoall_seq_dispatcher"),
     _rule("--moe-intermediate-size", A.TRANSLATED, "MindSpeed-LLM's deprecated spelling", "--moe-ffn-hidden-size",
           "{value}"),
     _rule("--use-fused-moe-token-permute-and-unpermute", A.TRANSLATED, "stock's fused permutation, which ascend_patch "
           "runs as torch_npu.npu_moe_token_permute/unpermute", "--moe-permute-fusion"),
     FlagRule("--moe-alltoall-overlap-comm", A.TRANSLATED, "stock's --overlap-moe-expert-parallel-comm where the launch "
-             "meets its conditions, else dropped (speed)", megatron=">=0.14", compute=c.moe_ep_overlap),
+             "meets its conditions, else dropped (speed)", megatron="moe_ep_overlap_flag", compute=c.moe_ep_overlap),
     _rule("--moe-alltoall-overlap-comm", A.DROPPED, SPEED + "the expert all-to-all is not overlapped with compute "
-          "(stock has no overlap before 0.14)", megatron="<0.14"),
+          "(stock has no overlap before 0.14)", megatron="!moe_ep_overlap_flag"),
     _rule("--moe-fb-overlap", A.DROPPED, SPEED + "MindSpeed's overlap of one micro-batch's forward with another's "
           "backward"),
     _rule("--moe-permutation-async-comm", A.DROPPED, SPEED + "the permutation's all-gathers run synchronously"),
@@ -109,13 +109,13 @@ FLAGS: tuple[FlagRule, ...] = (
     _rule("--moe-zero-memory", A.DROPPED, MEMORY + "MoE activations are kept instead of recomputed"),
     # --- pipeline and context parallelism
     FlagRule("--noop-layers", A.TRANSLATED, "the real layers, placed as MindSpeed-LLM placed them: "
-             "--pipeline-model-parallel-layout", megatron=">=0.13", compute=c.layout_flag),
+             "--pipeline-model-parallel-layout", megatron="pipeline_layout_flag", compute=c.layout_flag),
     FlagRule("--noop-layers", A.TRANSLATED, "the real layers, as an uneven first/last stage (refused where this "
-             "release cannot place them)", megatron="<0.13", compute=c.uneven_first_last),
+             "release cannot place them)", megatron="!pipeline_layout_flag", compute=c.uneven_first_last),
     FlagRule("--num-layer-list", A.TRANSLATED, "layers per stage: --pipeline-model-parallel-layout",
-             megatron=">=0.13", compute=c.layout_flag),
+             megatron="pipeline_layout_flag", compute=c.layout_flag),
     FlagRule("--num-layer-list", A.TRANSLATED, "layers per stage as an uneven first/last stage (refused otherwise)",
-             megatron="<0.13", compute=c.uneven_first_last),
+             megatron="!pipeline_layout_flag", compute=c.uneven_first_last),
     _rule("--context-parallel-algo", A.TRANSLATED, "ring attention", "--cp-comm-type", "p2p",
           values=("megatron_cp_algo",)),
     _rule("--context-parallel-algo", A.TRANSLATED, "Ulysses: heads traded for sequence by all-to-all",
