@@ -18,13 +18,19 @@ __all__ = ["ascend_patch_checkpoint_loaders", "ascend_patch_migrate_flags", "asc
 
 
 def migrate_patches(backend: Any, settings: Any = None) -> list[Patch]:
-    """The patch records of the in-process translation (the same on every target and release)."""
+    """The patch records of the in-process translation (the same on every target).
+
+    The translation itself is per release (the table's facts); the patch carries the megatron-core range
+    Megatron-LM's other patches were checked against, so it is applied where they are.
+    """
+    from ..adaptors.megatron_training import PACKAGE, VERSIONS
     from . import inprocess
 
     return [Wrap("megatron.training.arguments:parse_args",
                  "a MindSpeed-LLM launch (flags or values stock Megatron-LM rejects) is translated with the migration "
                  "table for the imported megatron-core release before Megatron parses it; refused flags stop the run",
-                 wrapper=inprocess.parse_args, action=Action.TRANSLATED, count_calls=False)]
+                 wrapper=inprocess.parse_args, action=Action.TRANSLATED, count_calls=False, package=PACKAGE,
+                 versions=VERSIONS)]
 
 
 @hookimpl

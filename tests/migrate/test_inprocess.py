@@ -82,7 +82,10 @@ def test_refused_flags_stop_with_migrates_message(argv_and_stock: Any) -> None:
 def test_the_patch_it_declares() -> None:
     (patch,) = migrate_patches(backend=None)
     assert isinstance(patch, Wrap) and patch.target == "megatron.training.arguments:parse_args"
-    assert patch.wrapper is inprocess.parse_args and patch.versions is None
+    assert patch.wrapper is inprocess.parse_args
+    from ascend_patch.adaptors.megatron_training import PACKAGE, VERSIONS
+
+    assert (patch.package, patch.versions) == (PACKAGE, VERSIONS)  # where Megatron-LM's other patches apply
 
 
 class _Plugin:
