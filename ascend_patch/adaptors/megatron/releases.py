@@ -2,10 +2,30 @@
 
 from __future__ import annotations
 
-__all__ = ["COMPILED_AT_IMPORT", "PACKAGE", "SUPPORTED", "TRITON_IMPORTERS", "patch_range"]
+__all__ = ["COMPILED_AT_IMPORT", "FACTS", "PACKAGE", "SUPPORTED", "TRITON_IMPORTERS", "patch_range"]
 
 PACKAGE = "megatron-core"
 SUPPORTED = ">=0.16,<0.17"  # the releases every Megatron patch was checked against
+
+
+# What differs between releases, as the megatron-core releases that have it (a PEP 440 range); code
+# names a fact instead of writing a version.
+FACTS: dict[str, str] = {
+    # --moe-token-dispatcher-type alltoall_seq (removed in 0.13)
+    "alltoall_seq_dispatcher": "<0.13",
+    # --pipeline-model-parallel-layout (layers per (virtual) stage as a string)
+    "pipeline_layout_flag": ">=0.13",
+    # --padded-vocab-size
+    "padded_vocab_size_flag": ">=0.14",
+    # --overlap-moe-expert-parallel-comm
+    "moe_ep_overlap_flag": ">=0.14",
+    # a switch between the fast and the slow HF tokenizer
+    "hf_tokenizer_fast_switch": ">=0.16",
+    # --tokenizer-hf-use-fast, off by default: pretrain_gpt.py's data-set tokenizer is the slow one
+    "tokenizer_hf_use_fast_flag": ">=0.16,<0.17",
+    # --tokenizer-hf-no-use-fast (fast by default)
+    "tokenizer_hf_no_use_fast_flag": ">=0.17",
+}
 
 
 def patch_range() -> dict[str, str]:
