@@ -19,6 +19,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "ascend_patch.loaders.cli",
     "ascend_patch.demo",
     "ascend_patch.models.args_cli",
+    "ascend_patch.migrate.cli",
 )
 
 

@@ -31,6 +31,7 @@ __all__ = [
     "PROJECT",
     "AscendPatchSpec",
     "CheckpointFormat",
+    "FlagRuleLike",
     "KernelLookup",
     "ModelSpecLike",
     "PackageVersion",
@@ -112,6 +113,14 @@ class CheckpointFormat(Protocol):
     aliases: tuple[str, ...]
 
 
+class FlagRuleLike(Protocol):
+    """One entry of the MindSpeed-LLM migration table (:class:`ascend_patch.migrate.FlagRule`)."""
+
+    flag: str  # "--padded-vocab-size", or an environment variable ("HCCL_*" patterns allowed)
+    megatron: str  # the megatron-core releases it is true for: a fact of ascend_patch.migrate.facts, or a PEP 440 range
+    mindspeed_llm: str  # PEP 440 range of the MindSpeed-LLM releases whose flag it describes
+
+
 class AscendPatchSpec:
     """The hook specifications."""
 
@@ -158,4 +167,14 @@ class AscendPatchSpec:
         """Return checkpoint savers (:class:`ascend_patch.loaders.formats.CheckpointSaver`).
 
         Called when the converter first resolves a ``--saver``/``--save-model-type`` name.
+        """
+
+    @hookspec
+    def ascend_patch_migrate_flags(self) -> Iterable[FlagRuleLike]:
+        """Return rules for the MindSpeed-LLM migration table (:class:`ascend_patch.migrate.FlagRule`).
+
+        Called when ``ascend-patch migrate`` runs and when Megatron-LM parses a command line that
+        stock Megatron-LM would reject (the in-process translation). Every plugin's rules are used:
+        for a flag, the first rule whose releases and values match wins, and third-party rules come
+        before the built-in table, so a plugin can add a flag, a newer release, or correct an entry.
         """

@@ -38,6 +38,7 @@ BUILTIN_PLUGINS: dict[str, str] = {
     "loaders": "ascend_patch.loaders.plugin",
     "megatron": "ascend_patch.adaptors.megatron.plugin",
     "megatron_training": "ascend_patch.adaptors.megatron.training.plugin",
+    "migrate": "ascend_patch.migrate.plugin",
     "processes": "ascend_patch.patching.plugin",
 }
 

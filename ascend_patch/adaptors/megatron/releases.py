@@ -30,6 +30,21 @@ FACTS: dict[str, str] = {
     "numpy_product": "<0.16",
     # MockGPTLowLevelDataset takes token ids modulo the vocabulary (before: ids up to 4094 whatever it is)
     "mock_tokens_within_vocab": ">=0.16",
+    # -- launch flags, as the MindSpeed-LLM migration table (ascend_patch.migrate) reads them --
+    # --moe-token-dispatcher-type alltoall_seq (removed in 0.13)
+    "alltoall_seq_dispatcher": "<0.13",
+    # --pipeline-model-parallel-layout (layers per (virtual) stage as a string)
+    "pipeline_layout_flag": ">=0.13",
+    # --padded-vocab-size
+    "padded_vocab_size_flag": ">=0.14",
+    # --overlap-moe-expert-parallel-comm
+    "moe_ep_overlap_flag": ">=0.14",
+    # a switch between the fast and the slow HF tokenizer
+    "hf_tokenizer_fast_switch": ">=0.16",
+    # --tokenizer-hf-use-fast, off by default: pretrain_gpt.py's data-set tokenizer is the slow one
+    "tokenizer_hf_use_fast_flag": ">=0.16,<0.17",
+    # --tokenizer-hf-no-use-fast (fast by default)
+    "tokenizer_hf_no_use_fast_flag": ">=0.17",
 }
 
 
