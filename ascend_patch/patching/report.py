@@ -117,9 +117,8 @@ class Report:
         counts = ", ".join(f"{n} {state}" for state, n in sorted(self.counts().items()))
         seen = "".join(f"\n  {name} {where}" for name, where in sorted(self.packages.items())
                        if where.split(" ", 1)[1:] != ["(installed distribution)"])
-        line = f"ascend_patch: target {self.target} ({self.reason}); patches: {counts}" + (
-            f"\nchecked against:{seen}" if seen else "")
-        return line + (f"\n{self.devices}" if self.devices else "")
+        line = f"ascend_patch: target {self.target} ({self.reason}); patches: {counts}"
+        return line + (f"\n{self.devices}" if self.devices else "") + (f"\nchecked against:{seen}" if seen else "")
 
     def __str__(self) -> str:
         parts = [self.summary(), "", self.patch_table()]
