@@ -4,12 +4,14 @@
 (``torch.testing._internal.distributed.fake_pg``: every collective is accepted and moves
 nothing) and :func:`fake_device` makes every tensor the job creates a ``FakeTensor`` (shapes,
 dtypes and storages, no data), so Megatron's own code builds and steps an 8B model at no
-host-memory cost. Four things a fake rank cannot do by itself are done here, each for a
+host-memory cost. Five things a fake rank cannot do by itself are done here, each for a
 stated reason:
 
 * gloo side groups: Megatron creates CPU (gloo) groups next to the device ones, and a gloo
   group cannot be made over the fake store. They carry no device memory; they become fake
   groups too (``new_group``).
+* sends: a fake send is done at once; its work keeps the sent tensors until waited on, as
+  NCCL/HCCL keep them from reuse until the send is done (:class:`_HeldWork`).
 * ``all_gather_object``: a fake collective returns no object. Every rank is assumed to hold
   what this one holds (Megatron gathers parameter-group keys, which are the same on all
   ranks of a layout).
@@ -33,6 +35,25 @@ from .answers import Answers
 
 __all__ = ["fake_device", "simulated_rank"]
 
+class _HeldWork:
+    """A fake send's work that keeps the sent tensors until it is waited on.
+
+    NCCL and HCCL keep a sent tensor's memory from reuse until the send is done (ProcessGroupNCCL
+    stashes it until the work is waited on); a fake send is done at once, which would free the
+    memory of pipeline outputs Megatron deallocates right after sending them.
+    """
+
+    def __init__(self, work: Any, tensors: list[Any]) -> None:
+        self._work, self._tensors = work, tensors
+
+    def wait(self, *args: Any, **kwargs: Any) -> Any:
+        self._tensors = []
+        return self._work.wait(*args, **kwargs) if self._work is not None else True
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._work, name)
+
+
 _ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK")
 
 
@@ -49,7 +70,8 @@ def simulated_rank(world_size: int, rank: int, nproc_per_node: int | None = None
                       LOCAL_WORLD_SIZE=str(per_node), GROUP_RANK=str(rank // per_node),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT="29500")
     original = {"new_group": dist.new_group, "all_gather_object": dist.all_gather_object,
-                "broadcast_object_list": dist.broadcast_object_list}
+                "broadcast_object_list": dist.broadcast_object_list, "isend": dist.isend,
+                "batch_isend_irecv": dist.batch_isend_irecv}
 
     def new_group(*args: Any, **kwargs: Any) -> Any:
         if kwargs.get("backend") is not None:  # gloo (or an explicit device backend): the fake one
@@ -63,8 +85,17 @@ def simulated_rank(world_size: int, rank: int, nproc_per_node: int | None = None
     def broadcast_object_list(object_list: list[Any], src: int | None = None, group: Any = None, **_: Any) -> None:
         return None  # the source is assumed to hold what this rank holds
 
+    def isend(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        return _HeldWork(original["isend"](tensor, *args, **kwargs), [tensor])
+
+    def batch_isend_irecv(p2p_op_list: list[Any]) -> Any:
+        sent = [op.tensor for op in p2p_op_list if op.op in (dist.isend, isend)]
+        works = original["batch_isend_irecv"](p2p_op_list)
+        return [_HeldWork(w, sent) for w in works] if works else works
+
     replaced = {"new_group": new_group, "all_gather_object": all_gather_object,
-                "broadcast_object_list": broadcast_object_list}
+                "broadcast_object_list": broadcast_object_list, "isend": isend,
+                "batch_isend_irecv": batch_isend_irecv}
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
     for name, value in replaced.items():
         setattr(dist, name, value)
