@@ -76,6 +76,7 @@ def _make_mode_class() -> type:  # noqa: C901 (one dispatch table, read top to b
             self.asked: Counter[tuple[str, str, str]] = Counter()
             self.groups: set[tuple[int, ...]] = set()
             self.peers: set[int] = set()
+            self.p2p_groups: set[tuple[int, ...]] = set()
             self.shadows = Shadows()
 
         def _group(self, func: Any, args: tuple) -> Any:
@@ -94,6 +95,7 @@ def _make_mode_class() -> type:  # noqa: C901 (one dispatch table, read top to b
             if func in point_to_point:  # torch_npu gives each peer its own point-to-point communicator
                 if len(args) > 2 and isinstance(args[2], int) and args[2] < len(ranks):
                     self.peers.add(ranks[args[2]])
+                    self.p2p_groups.add(ranks)
             elif len(ranks) > 1:
                 self.groups.add(ranks)
             return group

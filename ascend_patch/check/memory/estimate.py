@@ -24,6 +24,8 @@ from .tracking import Terms
 
 __all__ = ["Role", "RoleEstimate", "estimate_argv", "estimate_roles", "microbatches_needed", "roles"]
 
+# flags the estimate always sets itself (not worth a note)
+_REPLACED = ("train-iters", "eval-iters", "eval-interval")
 # tokenizer flags that name files; without them on this machine the estimate needs the vocabulary size
 _TOKENIZER_FILES = ("tokenizer-model", "vocab-file", "merge-file")
 
@@ -45,6 +47,7 @@ class RoleEstimate:
     terms: Terms
     communicators: list[tuple[int, ...]] = field(default_factory=list)
     p2p_peers: list[int] = field(default_factory=list)
+    p2p_groups: list[tuple[int, ...]] = field(default_factory=list)
     asked: list[tuple[str, str, str, int]] = field(default_factory=list)
     num_microbatches: int | None = None
     seconds: float = 0.0
@@ -87,7 +90,7 @@ def microbatches_needed(total: int, pp: int, vpp: int = 1, group: int | None = N
 def estimate_argv(line: LaunchLine, vocab_size: int | None = None) -> tuple[list[str], list[str]]:
     """The launch's Megatron arguments as the estimate runs them, and one note per change."""
     argv, notes = list(line.argv), []
-    dropped = [f"--{name}" for name in DROPPED_FLAGS if flag(argv, name) is not None]
+    dropped = [f"--{name}" for name in DROPPED_FLAGS if flag(argv, name) is not None and name not in _REPLACED]
     for name, count in DROPPED_FLAGS.items():
         argv = without(argv, name, count)
     if dropped:
@@ -173,6 +176,7 @@ def estimate_roles(line: LaunchLine, argv: list[str], which: Sequence[Role]) -> 
             raise FindingError(f"pretrain ended before its second iteration on rank {role.rank}", "memory-run",
                                "the launch's schedule must run two iterations (check --train-iters handling)")
         asked = sorted(((q, a, w, n) for (q, a, w), n in answers.asked.items()), key=lambda x: -x[3])
-        results.append(RoleEstimate(role, record.terms, sorted(answers.groups), sorted(answers.peers), asked,
-                                    record.num_microbatches, time.perf_counter() - start))
+        results.append(RoleEstimate(role, record.terms, sorted(answers.groups), sorted(answers.peers),
+                                    sorted(answers.p2p_groups), asked, record.num_microbatches,
+                                    time.perf_counter() - start))
     return results
