@@ -51,6 +51,7 @@ class RoleEstimate:
     asked: list[tuple[str, str, str, int]] = field(default_factory=list)
     num_microbatches: int | None = None
     seconds: float = 0.0
+    formula: dict = field(default_factory=dict)
 
 
 def _sizes(argv: Sequence[str]) -> dict[str, int]:
@@ -147,8 +148,12 @@ def roles(line: LaunchLine, argv: Sequence[str]) -> list[Role]:
     return found
 
 
-def estimate_roles(line: LaunchLine, argv: list[str], which: Sequence[Role]) -> list[RoleEstimate]:
-    """Megatron-LM's pretrain for one simulated rank of each role (this process must be patched for cpu)."""
+def estimate_roles(line: LaunchLine, argv: list[str], which: Sequence[Role], state_only: bool = False
+                   ) -> list[RoleEstimate]:
+    """Megatron-LM's pretrain for one simulated rank of each role (this process must be patched for cpu).
+
+    ``state_only``: stop once the model and the optimizer state exist (no step; activations 0).
+    """
     from .megatron_lm import StepsDone, capture_pretrain, recorded_steps, teardown
     from .simulate import fake_device, simulated_rank
 
@@ -163,7 +168,8 @@ def estimate_roles(line: LaunchLine, argv: list[str], which: Sequence[Role]) -> 
         start = time.perf_counter()
         with simulated_rank(line.world_size, role.rank, line.nproc_per_node):
             try:
-                with fake_device() as answers, recorded_steps(synthetic_data=True, stop_after=True) as record:
+                steps = recorded_steps(synthetic_data=True, stop_after=True, state_only=state_only)
+                with fake_device() as answers, steps as record:
                     sys.argv = [script, *argv]
                     try:
                         call.run()
@@ -178,5 +184,5 @@ def estimate_roles(line: LaunchLine, argv: list[str], which: Sequence[Role]) -> 
         asked = sorted(((q, a, w, n) for (q, a, w), n in answers.asked.items()), key=lambda x: -x[3])
         results.append(RoleEstimate(role, record.terms, sorted(answers.groups), sorted(answers.peers),
                                     sorted(answers.p2p_groups), asked, record.num_microbatches,
-                                    time.perf_counter() - start))
+                                    time.perf_counter() - start, record.extra.get("formula", {})))
     return results

@@ -47,14 +47,17 @@ def _rows(results: list[RoleEstimate], job: dict, env: dict[str, str]) -> list[d
             "activations_bytes": t.activations_bytes, "buffers_bytes": buffers,
             "total_bytes": t.tensor_bytes + buffers, "overheads": [asdict(x) for x in lines],
             "asked": [list(a) for a in r.asked], "communicators": len(groups), "p2p_peers": len(r.p2p_peers),
-            "num_microbatches": r.num_microbatches, "seconds": round(r.seconds, 2),
+            "num_microbatches": r.num_microbatches, "seconds": round(r.seconds, 2), "megatron_formula": r.formula,
         })
     return rows
 
 
 def _estimate(line: LaunchLine, job: dict, env: dict[str, str]) -> tuple[list[dict], list[str], list[str]]:
     argv, notes = estimate_argv(line, job.get("vocab_size"))
-    results = estimate_roles(line, argv, roles(line, argv))
+    which = roles(line, argv)
+    if job.get("first_role_only"):
+        which = which[:1]
+    results = estimate_roles(line, argv, which, state_only=bool(job.get("state_only")))
     return _rows(results, job, env), argv, notes
 
 

@@ -10,6 +10,8 @@ names of ``megatron.training.training`` while the real ``pretrain`` runs:
 * ``train_step``: the measured iteration is tracked with the tracker entered afresh (its
   peak restarts), after the optimizer state exists; the terms are taken after it
   (:mod:`.tracking`);
+* (estimate only) the data pipeline's preparation (``releases.ESTIMATE_SKIPS``: compiling the
+  dataset helpers), which the estimate never uses;
 * ``build_train_valid_test_data_iterators``: each micro-batch reaches the step as a device copy
   (:func:`_device_batches`); in the estimate the data set's files are not on this machine, so
   the host micro-batches have the shapes and dtypes Megatron's GPT data set yields;
@@ -25,8 +27,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import AscendPatchError
-from .releases import BATCH_KEYS, TEARDOWN, TRAINING_HOOKS
-from .tracking import Terms, peak_tracker, state_tensors, step_terms
+from .releases import BATCH_KEYS, ESTIMATE_SKIPS, TEARDOWN, TRAINING_HOOKS
+from .formula import megatron_formula
+from .tracking import Terms, peak_tracker, state_tensors, state_terms, step_terms
 
 __all__ = ["MeasuredStep", "PretrainCall", "StepsDone", "capture_pretrain", "recorded_steps", "teardown"]
 
@@ -135,7 +138,7 @@ def _device_batches(iterator: Any) -> Any:
 
 
 @contextlib.contextmanager
-def recorded_steps(*, synthetic_data: bool, stop_after: bool,
+def recorded_steps(*, synthetic_data: bool, stop_after: bool, state_only: bool = False,
                    on_terms: Callable[[MeasuredStep], None] | None = None) -> Iterator[MeasuredStep]:
     """While inside, ``pretrain`` records the terms of its measured iteration into the yielded :class:`MeasuredStep`.
 
@@ -143,6 +146,8 @@ def recorded_steps(*, synthetic_data: bool, stop_after: bool,
     one has created the optimizer state. The estimate creates that state with one optimizer
     step on the zero gradients right after the model is built, and measures its first
     iteration: the same state, at a third less simulation than running an iteration more.
+    ``state_only`` stops after that optimizer step, with the parameter, gradient and optimizer
+    terms (activations 0).
     """
     from megatron.training import training
     from megatron.training.global_vars import get_args
@@ -159,6 +164,10 @@ def recorded_steps(*, synthetic_data: bool, stop_after: bool,
             if synthetic_data:  # the optimizer state iteration 1 of the real run creates
                 record.optimizer.zero_grad()
                 record.optimizer.step()
+        if state_only:
+            record.terms = state_terms(record.model, record.optimizer)
+            record.extra["formula"] = megatron_formula(get_args(), None)
+            raise StepsDone()
         return result
 
     def train_step(*args: Any, **kwargs: Any) -> Any:
@@ -174,6 +183,7 @@ def recorded_steps(*, synthetic_data: bool, stop_after: bool,
         with tracker:
             result = original["train_step"](*args, **kwargs)
         record.terms = step_terms(tracker, record.model, record.optimizer)
+        record.extra["formula"] = megatron_formula(get_args(), record.num_microbatches)
         if on_terms is not None:
             on_terms(record)
         if stop_after:
@@ -192,11 +202,21 @@ def recorded_steps(*, synthetic_data: bool, stop_after: bool,
                 "build_train_valid_test_data_iterators": build_train_valid_test_data_iterators}
     for name, value in replaced.items():
         setattr(training, name, value)
+    skipped = []
+    if synthetic_data:
+        import importlib
+
+        for module_name, function in ESTIMATE_SKIPS:
+            module = importlib.import_module(module_name)
+            skipped.append((module, function, getattr(module, function)))
+            setattr(module, function, lambda *args, **kwargs: None)
     try:
         yield record
     finally:
         for name, value in original.items():
             setattr(training, name, value)
+        for module, function, value in skipped:
+            setattr(module, function, value)
 
 
 def teardown() -> None:

@@ -7,12 +7,28 @@ meant to move into the project's one release-difference module.
 
 from __future__ import annotations
 
-__all__ = ["BATCH_KEYS", "DROPPED_FLAGS", "RELEASE_DIFFERENCES", "TEARDOWN", "TRAINING_HOOKS"]
+__all__ = ["BATCH_KEYS", "DROPPED_FLAGS", "ESTIMATE_SKIPS", "FORMULA_ACTIVATIONS", "FORMULA_MODULE",
+           "RELEASE_DIFFERENCES", "TEARDOWN", "TRAINING_HOOKS"]
 
 # megatron.training.training names the estimate wraps while pretrain runs
 TRAINING_HOOKS: tuple[str, ...] = (
     "setup_model_and_optimizer", "train_step", "build_train_valid_test_data_iterators", "get_num_microbatches",
 )  # get_num_microbatches is only read
+
+# Megatron-LM's formula (megatron/training/theoretical_memory_usage.py), for comparison only.
+# Activations: the first entry whose function exists and whose condition holds (what
+# report_theoretical_memory picks): "sp-selective" = --sequence-parallel with selective recompute.
+# 0.12 has no compute_activation_memory_without_sp (its report prints no activation otherwise).
+FORMULA_MODULE = "megatron.training.theoretical_memory_usage"
+FORMULA_ACTIVATIONS: tuple[tuple[str, str], ...] = (
+    ("sp-selective", "compute_activation_memory"),
+    ("any", "compute_activation_memory_without_sp"),
+)
+
+# (module, function) the estimate replaces with a no-op: work for the data pipeline it does not run
+# (_compile_dependencies builds megatron-core's dataset helpers with make, g++ and pybind11 on rank 0
+# when the launch's Megatron-LM carries megatron/core as source)
+ESTIMATE_SKIPS: tuple[tuple[str, str], ...] = (("megatron.training.initialize", "_compile_dependencies"),)
 
 # What megatron.core.datasets.gpt_dataset.GPTDataset yields per sample (key, torch dtype); the
 # attention mask ([1, s, s] bool) only with --create-attention-mask-in-dataloader (the default)

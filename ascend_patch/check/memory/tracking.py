@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Terms", "peak_tracker", "state_tensors", "step_terms"]
+__all__ = ["Terms", "peak_tracker", "state_terms", "state_tensors", "step_terms"]
 
 
 @dataclass(frozen=True)
@@ -143,12 +143,18 @@ def state_tensors(model: Any, optimizer: Any) -> tuple[list[Any], list[Any], lis
     return params, grads, opt
 
 
-def step_terms(tracker: Any, model: Any, optimizer: Any) -> Terms:
-    """The terms of the step the tracker just watched (entered fresh for it, so its peak is that step's)."""
+def state_terms(model: Any, optimizer: Any) -> Terms:
+    """The parameter, gradient and optimizer terms alone (activations 0: no step was watched)."""
     params, grads, opt = state_tensors(model, optimizer)
     p = _storages(params)
     g = {st: n for st, n in _storages(grads).items() if st not in p}
     o = {st: n for st, n in _storages(opt).items() if st not in p and st not in g}
     state = sum(p.values()) + sum(g.values()) + sum(o.values())
+    return Terms(sum(p.values()), sum(g.values()), sum(o.values()), 0, state)
+
+
+def step_terms(tracker: Any, model: Any, optimizer: Any) -> Terms:
+    """The terms of the step the tracker just watched (entered fresh for it, so its peak is that step's)."""
+    state = state_terms(model, optimizer)
     peak = tracker.peak_total()
-    return Terms(sum(p.values()), sum(g.values()), sum(o.values()), max(0, peak - state), peak)
+    return Terms(state.params_bytes, state.grads_bytes, state.optimizer_bytes, max(0, peak - state.peak_bytes), peak)

@@ -19,7 +19,7 @@ from typing import Any
 
 from ...errors import AscendPatchError
 
-__all__ = ["EstimateFailed", "estimate_memory", "main"]
+__all__ = ["EstimateFailed", "estimate_many", "estimate_memory", "main"]
 
 
 class EstimateFailed(AscendPatchError, RuntimeError):
@@ -36,30 +36,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     ascend_patch.apply(ascend_patch.Settings(device="cpu"))
     from .job import run_job
 
-    try:
-        result = run_job(job)
-    except AscendPatchError as exc:
-        finding = getattr(exc, "finding", None)
-        result = {"error": str(exc), "code": getattr(finding, "code", "memory-estimate")}
+    def run(one: dict) -> dict:
+        try:
+            return run_job(one)
+        except AscendPatchError as exc:
+            finding = getattr(exc, "finding", None)
+            return {"error": str(exc), "code": getattr(finding, "code", "memory-estimate")}
+
+    result: Any = [run(one) for one in job["jobs"]] if "jobs" in job else run(job)
     with open(result_path, "w") as f:
         json.dump(result, f)
     return 0
 
 
-def estimate_memory(launch: Sequence[str], *, device_bytes: int | None = None, target: str = "npu",
-                    vocab_size: int | None = None, margin: float | None = None, runtime_reserved: int | None = None,
-                    remedies: bool = True, timeout: float | None = None, log: str | None = None) -> dict[str, Any]:
-    """Estimate the launch line ``launch`` in a child process; the result as :func:`.job.run_job` returns it.
-
-    A launch the estimate cannot run gives ``{"error": ..., "code": ...}``; a crash of the
-    child raises :class:`EstimateFailed` with the tail of its output.
-    """
-    job: dict[str, Any] = {"launch": list(launch), "device_bytes": device_bytes, "target": target,
-                           "vocab_size": vocab_size, "remedies": remedies}
-    if margin is not None:
-        job["margin"] = margin
-    if runtime_reserved is not None:
-        job["runtime_reserved"] = runtime_reserved
+def _run_child(job: dict[str, Any], timeout: float | None, log: str | None) -> Any:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ASCEND_PATCH")}
     env["ASCEND_PATCH"] = "0"  # the child applies the cpu target itself, explicitly
     with tempfile.TemporaryDirectory(prefix="ascend-patch-memory-") as tmp:
@@ -79,6 +69,31 @@ def estimate_memory(launch: Sequence[str], *, device_bytes: int | None = None, t
             raise EstimateFailed(f"the memory estimate failed (exit status {done.returncode}):\n{tail}")
         with open(result_path) as f:
             return json.load(f)
+
+
+def estimate_many(jobs: Sequence[dict[str, Any]], timeout: float | None = None, log: str | None = None) -> list[dict]:
+    """Several jobs (each as :func:`estimate_memory` builds it: ``{"launch": [...], ...}``) in one child process."""
+    return _run_child({"jobs": list(jobs)}, timeout, log)
+
+
+def estimate_memory(launch: Sequence[str], *, device_bytes: int | None = None, target: str = "npu",
+                    vocab_size: int | None = None, margin: float | None = None, runtime_reserved: int | None = None,
+                    remedies: bool = True, timeout: float | None = None, log: str | None = None,
+                    **options: Any) -> dict[str, Any]:
+    """Estimate the launch line ``launch`` in a child process; the result as :func:`.job.run_job` returns it.
+
+    A launch the estimate cannot run gives ``{"error": ..., "code": ...}``; a crash of the
+    child raises :class:`EstimateFailed` with the tail of its output. ``options`` go into the job
+    as they are (``state_only``: parameters, gradients and optimizer state only;
+    ``first_role_only``: the first pipeline stage only).
+    """
+    job: dict[str, Any] = {"launch": list(launch), "device_bytes": device_bytes, "target": target,
+                           "vocab_size": vocab_size, "remedies": remedies, **options}
+    if margin is not None:
+        job["margin"] = margin
+    if runtime_reserved is not None:
+        job["runtime_reserved"] = runtime_reserved
+    return _run_child(job, timeout, log)
 
 
 if __name__ == "__main__":
