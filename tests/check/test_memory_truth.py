@@ -12,12 +12,18 @@ default dropout, ``--transformer-impl local`` unless said):
 * ``tp2``: dense TP2 with selective recomputation;
 * ``pp2vpp``: TP2 + sequence parallelism, PP2 with two virtual stages per rank (8 micro-batches; the
   estimate runs 6), full recomputation (uniform, 1 layer);
-* ``cp2dp2``: CP2 x DP2 with the distributed optimizer (the TE impl: context parallelism needs it);
+* ``cp2``: CP2 (the TE impl: context parallelism needs it);
 * ``moe_ep2``: 4 experts top-2 over EP2, alltoall dispatcher, grouped GEMM, dropless (the real routing is
-  uneven; the estimate spreads tokens evenly).
+  uneven; the estimate spreads tokens evenly), and DP2 with the distributed optimizer for the dense part.
+
+The command itself runs once on the ``tp2`` launch, with the device's memory set one byte under the estimate:
+the rank does not fit, and the changes it offers are re-estimated.
 """
 
 from __future__ import annotations
+
+import json
+import re
 
 import pytest
 
@@ -36,18 +42,23 @@ LAUNCHES = {
                    "2", "--sequence-parallel", "--pipeline-model-parallel-size", "2",
                    "--num-layers-per-virtual-pipeline-stage", "1", "--recompute-granularity", "full",
                    "--recompute-method", "uniform", "--recompute-num-layers", "1"]),
-    "cp2dp2": (4, ["--transformer-impl", "transformer_engine", *TINY, "--global-batch-size", "8",
-                   "--context-parallel-size", "2", "--use-distributed-optimizer"]),
+    "cp2": (2, ["--transformer-impl", "transformer_engine", *TINY, "--global-batch-size", "8",
+                "--context-parallel-size", "2"]),
     "moe_ep2": (2, ["--transformer-impl", "local", *TINY, "--global-batch-size", "8", "--expert-model-parallel-size",
                     "2", "--num-experts", "4", "--moe-router-topk", "2", "--moe-token-dispatcher-type", "alltoall",
-                    "--moe-grouped-gemm", "--moe-ffn-hidden-size", "64", "--disable-bias-linear"]),
+                    "--moe-grouped-gemm", "--moe-ffn-hidden-size", "64", "--disable-bias-linear",
+                    "--use-distributed-optimizer"]),
 }
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def root(tmp_path_factory):
+    return megatron_lm_dir(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, root):
     """name -> (measured per rank, estimated result) for every launch."""
-    root = megatron_lm_dir(tmp_path_factory)
     work = tmp_path_factory.mktemp("memory-truth")
     measured = {name: measure(root, args, nproc, work / name) for name, (nproc, args) in LAUNCHES.items()}
     jobs = [{"launch": ["torchrun", "--nproc-per-node", str(nproc), str(root / "pretrain_gpt.py"), *args],
@@ -88,9 +99,43 @@ def test_state_terms_are_exact_and_the_pipeline_ran_fewer_micro_batches(runs):
 
 
 def test_the_distributed_optimizer_shards_the_optimizer_state_over_dp(runs):
-    (_, dense), (_, dist) = runs["tp2"], runs["cp2dp2"]
-    role = dist["roles"][0]
-    # fp32 training: Adam's two moments (8 bytes per parameter) sharded over DP x CP = 4 ranks
-    params = role["params_bytes"] // 4
-    assert role["optimizer_bytes"] == 8 * params // 4
+    (_, dense), (_, moe) = runs["tp2"], runs["moe_ep2"]
+    # fp32 training without it: Adam's two moments, 8 bytes per 4-byte parameter, on every rank
     assert dense["roles"][0]["optimizer_bytes"] == 2 * dense["roles"][0]["params_bytes"]
+    # with it (moe_ep2: DP2 for the dense part, expert DP1 for the experts, EP2 x expert DP1 = 2 ranks), the
+    # moments of the dense parameters are split over the two ranks and the rank's own experts keep theirs whole
+    role = moe["roles"][0]
+    numel = role["grads_bytes"] // 4  # the fp32 gradient buffers: one element per parameter of the rank
+    layers, hidden, ffn, local_experts = 4, 64, 64, 4 // 2
+    experts = layers * local_experts * 2 * hidden * ffn  # fc1 and fc2 of each local expert (gelu: no gate)
+    assert role["optimizer_bytes"] == 8 * ((numel - experts) // 2 + experts)
+    assert role["optimizer_bytes"] < 2 * role["params_bytes"]
+
+
+def test_the_command_finds_the_rank_too_big_and_re_estimates_the_changes(runs, root, tmp_path, capsys):
+    from ascend_patch.cli import main
+
+    _, result = runs["tp2"]
+    total = result["roles"][0]["total_bytes"]
+    nproc, args = LAUNCHES["tp2"]
+    code = main(["check", "--memory", "--device", "cpu", "--device-memory", str(total - 1), "--max-rows", "2", "--",
+                 "torchrun", "--nproc-per-node", str(nproc), str(root / "pretrain_gpt.py"), *args])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "every rank" in out and "0-1" in out and "1 B over" in out and "[memory-oom]" not in out
+    # the same estimate again (deterministic), then each change, run: full recompute and a smaller micro-batch fit
+    assert "total_bytes" not in out and str(total) not in out
+    changes = {re.split(r"\s{2,}", line.strip())[0]: line for line in out.splitlines() if line.startswith("  --")}
+    assert "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1" in changes
+    assert changes["--micro-batch-size 1"].endswith("fits")
+    assert "each of these brings every rank under (re-estimated)" in out
+    assert "0 on the cpu target" in out and "Nothing here was measured on an NPU." in out
+
+
+def test_json_when_the_layout_is_wrong(root, capsys):
+    from ascend_patch.cli import main
+
+    code = main(["check", "--memory", "--format", "json", "--chip", "910B3", "--", "torchrun", "--nproc-per-node", "3",
+                 str(root / "pretrain_gpt.py"), "--tensor-model-parallel-size", "2"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 1 and doc == {"ranks": [], "device_bytes": 64 << 30, "fits": False}
