@@ -103,6 +103,13 @@ def test_remedies_keep_the_world_and_the_model_valid():
     assert flag_int(list(tp4.argv), "tensor-model-parallel-size") == 4
     line.argv[line.argv.index("--num-query-groups") + 1] = "2"  # 2 query groups do not split over TP4
     assert not any(c.change.startswith("--tensor") for c in candidates(line))
+    # one data-parallel rank: the distributed optimizer would shard nothing, so it is not offered
+    alone = parse_launch_line(["torchrun", "--nproc-per-node", "2", "p.py", "--tensor-model-parallel-size", "2"])
+    assert "--use-distributed-optimizer" not in [c.change for c in candidates(alone)]
+    # unless the experts have data-parallel ranks of their own (EP1 over 2 ranks of TP2 x expert TP1)
+    moe = parse_launch_line(["torchrun", "--nproc-per-node", "2", "p.py", "--tensor-model-parallel-size", "2",
+                             "--num-experts", "4", "--expert-tensor-parallel-size", "1"])
+    assert "--use-distributed-optimizer" in [c.change for c in candidates(moe)]
 
 
 def test_json_document_and_findings_of_a_result():

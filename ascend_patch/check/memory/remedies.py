@@ -54,11 +54,15 @@ def candidates(line: LaunchLine) -> list[Candidate]:
     groups = flag_int(argv, "num-query-groups") if flag(argv, "group-query-attention") is True else None
     layers = flag_int(argv, "num-layers")
     seq = flag_int(argv, "seq-length")
-    experts = flag_int(argv, "num-experts")
     mbs = flag_int(argv, "micro-batch-size", 1) or 1
     per_stage = flag_int(argv, "num-layers-per-virtual-pipeline-stage")
+    experts = flag_int(argv, "num-experts")
     found = _recompute(argv)
-    if flag(argv, "use-distributed-optimizer") is None:
+    # the distributed optimizer shards over the data-parallel ranks (the dense part) and the expert data-parallel
+    # ranks (the experts): with one of each it changes nothing
+    dp = world // (tp * pp * cp)
+    expert_dp = world // (pp * ep * (flag_int(argv, "expert-tensor-parallel-size", tp) or tp)) if experts else 1
+    if flag(argv, "use-distributed-optimizer") is None and (dp > 1 or expert_dp > 1):
         found.append(Candidate("--use-distributed-optimizer", tuple([*argv, "--use-distributed-optimizer"])))
 
     def fits_world(t: int, p: int, c: int) -> bool:
