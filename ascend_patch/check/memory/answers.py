@@ -61,6 +61,7 @@ def _make_mode_class() -> type:  # noqa: C901 (one dispatch table, read top to b
                  aten.zeros.default, aten.ones.default, aten.scalar_tensor.default}
     like_factories = {aten.zeros_like.default, aten.ones_like.default, aten.full_like.default,
                       aten.new_zeros.default, aten.new_ones.default, aten.new_full.default}
+    device_of = torch.ops.prim.device.default
     literals = {aten.lift_fresh.default, aten.lift_fresh_copy.default}
     writes: dict[Any, list[int]] = {}
 
@@ -136,6 +137,8 @@ def _make_mode_class() -> type:  # noqa: C901 (one dispatch table, read top to b
                         s.drop(t)
 
         def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+            if func is device_of:  # a tensor's .device: metadata, nothing to answer or shadow
+                return func(*args)
             kwargs = kwargs or {}
             leaves = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
             fakes = [t for t in leaves if isinstance(t, FakeTensor)]
@@ -168,7 +171,9 @@ def _make_mode_class() -> type:  # noqa: C901 (one dispatch table, read top to b
                 dtype = args[0].dtype
                 value: Any = False if dtype is torch.bool else 0.0 if dtype.is_floating_point else 0
                 return self._answer(f".item() of a {str(dtype).replace('torch.', '')} tensor", value)
-            real_inputs = s.real_args(args, kwargs) if fakes else None
+            # the real inputs exist only when every fake input has a shadow (most ops: none has one)
+            shadowed = bool(fakes) and all(s.get(t) is not None for t in fakes)
+            real_inputs = s.real_args(args, kwargs) if shadowed else None
             if func is aten.equal.default:
                 if real_inputs is not None:
                     return self._real(func, *real_inputs)

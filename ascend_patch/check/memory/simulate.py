@@ -145,13 +145,18 @@ def _apply_setting_data(original: Any) -> Any:
     return _apply
 
 
-def _values(name: str, answers: Any) -> Any:
-    """``Tensor.<name>`` (``tolist``, ``numpy``) that reads a fake tensor's shadow (:mod:`.shadows`)."""
+def _values(name: str, answers: Any, cls: Any) -> Any:
+    """``cls.<name>`` (``tolist``, ``numpy``) that reads a fake tensor's shadow (:mod:`.shadows`) at once.
+
+    ``FakeTensor.tolist`` itself iterates: one ``select`` and one ``.item()`` per element, each
+    dispatched through every mode (MoE dispatchers call it on routing tables of experts x ranks,
+    twice per layer and pass); the shadow's own ``tolist`` gives the same values in one call.
+    """
     import numpy as np
     import torch
     from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
-    original = getattr(torch.Tensor, name)
+    original = getattr(cls, name)
 
     def read(self: Any, *args: Any, **kwargs: Any) -> Any:
         if not isinstance(self, FakeTensor):
@@ -170,22 +175,23 @@ def _values(name: str, answers: Any) -> Any:
 def fake_device(answers: Any = None) -> Iterator[Any]:
     """Every tensor made inside is fake; value-dependent questions are answered (and recorded) by ``answers``."""
     import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
     answers = answers if answers is not None else Answers()
     original_apply = torch.nn.Module._apply
     torch.nn.Module._apply = _apply_setting_data(original_apply)  # type: ignore[method-assign]
-    own = {name: name in torch.Tensor.__dict__ for name in ("tolist", "numpy")}
-    saved = {name: torch.Tensor.__dict__.get(name) for name in own}
-    for name in own:
-        setattr(torch.Tensor, name, _values(name, answers))
+    # torch.Tensor's methods, and FakeTensor's own where it overrides them (its tolist does)
+    own = {(cls, name): cls.__dict__.get(name) for cls in (torch.Tensor, FakeTensor) for name in ("tolist", "numpy")
+           if cls is torch.Tensor or name in cls.__dict__}
+    for cls, name in own:
+        setattr(cls, name, _values(name, answers, cls))
     try:
         with FakeTensorMode(allow_non_fake_inputs=True), answers:
             yield answers
     finally:
         torch.nn.Module._apply = original_apply  # type: ignore[method-assign]
-        for name, had in own.items():
-            if had:
-                setattr(torch.Tensor, name, saved[name])
+        for (cls, name), saved in own.items():
+            if saved is not None:
+                setattr(cls, name, saved)
             else:
-                delattr(torch.Tensor, name)
+                delattr(cls, name)

@@ -84,6 +84,7 @@ def peak_tracker() -> Any:
     """
     global _TRACKER_CLASS
     if _TRACKER_CLASS is None:
+        import torch
         from torch.distributed._tools.mem_tracker import MemTracker
 
         class PeakTracker(MemTracker):
@@ -98,6 +99,12 @@ def peak_tracker() -> Any:
                 finally:
                     if shadow is not None:
                         module.__dict__["buffers"] = shadow
+
+            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+                # a tensor's .device (dispatched for fake tensors, thousands of times per MoE layer) makes no tensor
+                if func is torch.ops.prim.device.default:
+                    return func(*args, **(kwargs or {}))
+                return super().__torch_dispatch__(func, types, args, kwargs)
 
             def peak_total(self) -> int:
                 """Bytes of live tensors at the peak since the tracker was last entered."""
