@@ -57,6 +57,9 @@ def run_memory(args: argparse.Namespace, format_report: Callable[..., str]) -> i
             found = chip(args.chip)
             device, name = found.hbm_bytes, found.name
         reserved = parse_size(args.runtime_reserved) if args.runtime_reserved else None
+        if as_json and device is None:
+            # the document's device_bytes and fits say whether every rank fits: they need the device
+            raise AscendPatchError("--format json needs the device's memory: give --chip NAME or --device-memory SIZE")
     except AscendPatchError as exc:
         print(f"ascend-patch check --memory: {exc}")
         return 2

@@ -122,3 +122,27 @@ def test_json_document_and_findings_of_a_result():
     errors, warnings = memory_findings(result, "Ascend 910B3")
     assert [e.code for e in errors] == ["memory-oom"] and not warnings
     assert "5 B over" in errors[0].message and "--micro-batch-size 1 -> 90 B" in errors[0].remedy
+
+
+def test_the_text_report_shows_the_table_the_sources_megatrons_formula_and_the_limits():
+    from ascend_patch.check.memory.report import LIMITS, format_memory
+
+    role = {"role": "every rank", "ranks": [0, 1], "params_bytes": 1 << 30, "grads_bytes": 2 << 30,
+            "optimizer_bytes": 3 << 30, "activations_bytes": 4 << 30, "buffers_bytes": 0, "total_bytes": 10 << 30,
+            "overheads": [{"name": "HCCL buffers", "bytes": 0, "source": "0 on the cpu target: gloo"}], "asked": [],
+            "megatron_formula": {"weight_and_optimizer_bytes": 6 << 30, "activations_bytes": 1 << 30}}
+    result = {"script": "pretrain_gpt.py", "world_size": 2, "megatron": "0.16.1", "target": "cpu", "seconds": 1.0,
+              "roles": [role], "device_bytes": 16 << 30, "notes": ["a note"], "remedies": []}
+    text = format_memory(result, "Ascend 910B4")
+    assert "every rank  0-1" in text and "10.00 GiB" in text and "6.00 GiB" in text  # total, headroom
+    assert "HCCL buffers" in text and "0 on the cpu target" in text and "- a note" in text
+    assert ("weights and optimizer 6.00 GiB (estimated here: 6.00 GiB), activations 1.00 GiB (estimated here: "
+            "4.00 GiB)") in text
+    assert text.endswith(LIMITS) and "Nothing here was measured on an NPU." in LIMITS
+
+
+def test_json_needs_the_device(capsys):
+    from ascend_patch.cli import main
+
+    code = main(["check", "--memory", "--format", "json", "--", "torchrun", "--nproc-per-node", "2", "pretrain_gpt.py"])
+    assert code == 2 and "--format json needs the device's memory" in capsys.readouterr().out

@@ -103,6 +103,16 @@ def format_memory(result: dict[str, Any], device_name: str = "") -> str:
     for row in result["roles"]:
         out += ["", f"{row['role']}: non-tensor lines"]
         out += [f"  {o['name']:<28} {format_bytes(o['bytes']):>11}  {o['source']}" for o in row["overheads"]]
+    formula = result["roles"][0].get("megatron_formula", {}) if result["roles"] else {}
+    if any(v is not None for v in formula.values()):
+        shown = {k: format_bytes(v) if v is not None else "none" for k, v in formula.items()}
+        state = result["roles"][0]
+        state_bytes = state["params_bytes"] + state["grads_bytes"] + state["optimizer_bytes"]
+        out += ["", f"Megatron-LM's own formula (theoretical_memory_usage.py), for comparison only, "
+                f"{result['roles'][0]['role']}: weights and optimizer {shown.get('weight_and_optimizer_bytes')} "
+                f"(estimated here: {format_bytes(state_bytes)}), activations {shown.get('activations_bytes')} "
+                f"(estimated here: {format_bytes(state['activations_bytes'])}); docs/memory.md says which the tracked "
+                "runs support"]
     asked: dict[tuple[str, str, str], int] = {}
     for row in result["roles"]:
         for q, a, where_, n in row["asked"]:
