@@ -146,3 +146,25 @@ def test_json_needs_the_device(capsys):
 
     code = main(["check", "--memory", "--format", "json", "--", "torchrun", "--nproc-per-node", "2", "pretrain_gpt.py"])
     assert code == 2 and "--format json needs the device's memory" in capsys.readouterr().out
+
+
+def test_a_change_that_saves_nothing_is_said_to_save_0_and_not_offered_as_a_try():
+    from ascend_patch.check.memory.report import format_memory
+
+    gib = 1 << 30
+    role = {"role": "every rank", "ranks": list(range(8)), "params_bytes": 15 * gib, "grads_bytes": 30 * gib,
+            "optimizer_bytes": 11 * gib, "activations_bytes": 35 * gib, "buffers_bytes": 9 * gib,
+            "total_bytes": 100 * gib, "overheads": [], "asked": [], "megatron_formula": {}}
+    remedies = [{"change": "--recompute-granularity selective", "total_bytes": 100 * gib - (2 << 20), "fits": False,
+                 "error": None},
+                {"change": "--tensor-model-parallel-size 2", "total_bytes": 65 * gib, "fits": False, "error": None}]
+    result = {"script": "pretrain_gpt.py", "world_size": 8, "megatron": "0.16.1", "target": "npu", "seconds": 1.0,
+              "roles": [role], "device_bytes": 64 * gib, "fits": False, "notes": [], "remedies": remedies}
+    errors, _ = memory_findings(result)
+    remedy = errors[0].remedy
+    assert "--tensor-model-parallel-size 2 -> 65.00 GiB" in remedy
+    assert "--recompute-granularity selective -> " not in remedy
+    assert "--recompute-granularity selective: re-estimated, saves 0 here" in remedy
+    lines = {line.split("  ")[1]: line for line in format_memory(result).splitlines() if line.startswith("  --")}
+    assert lines["--recompute-granularity selective"].endswith("saves 0 (2.00 MiB less: under 0.1% of the worst rank)")
+    assert lines["--tensor-model-parallel-size 2"].endswith("65.00 GiB  saves 35.00 GiB")

@@ -14,7 +14,12 @@ from typing import Any
 from ...errors import Finding
 from .chips import format_bytes
 
-__all__ = ["LIMITS", "format_memory", "memory_findings", "memory_json"]
+__all__ = ["LIMITS", "NEGLIGIBLE", "format_memory", "memory_findings", "memory_json", "saved_bytes"]
+
+# a change that lowers the worst rank by less than this fraction of it saves nothing worth offering
+# (e.g. selective recomputation of core attention when the attention kernel stores no S x S matrix: it frees
+# only the softmax statistics, and the checkpoint keeps the attention mask alive instead)
+NEGLIGIBLE = 0.001
 
 LIMITS = ("What the estimate models: the launch's own Megatron code, layout, schedule (the micro-batches in flight), "
           "recomputation, distributed-optimizer sharding and MoE dispatch, with tokens spread evenly over the "
@@ -40,6 +45,29 @@ def memory_json(result: dict[str, Any]) -> str:
                       indent=2)
 
 
+def saved_bytes(result: dict[str, Any], remedy: dict[str, Any]) -> int | None:
+    """How much lower the worst rank is with ``remedy``'s change than without it (None: not estimated)."""
+    if remedy.get("total_bytes") is None or not result.get("roles"):
+        return None
+    return max(row["total_bytes"] for row in result["roles"]) - remedy["total_bytes"]
+
+
+def _saves_nothing(result: dict[str, Any], remedy: dict[str, Any]) -> bool:
+    saved = saved_bytes(result, remedy)
+    worst = max((row["total_bytes"] for row in result.get("roles", [])), default=0)
+    return saved is not None and saved < NEGLIGIBLE * worst
+
+
+def _saving(result: dict[str, Any], remedy: dict[str, Any]) -> str:
+    saved = saved_bytes(result, remedy)
+    if saved is None:
+        return ""
+    if _saves_nothing(result, remedy):
+        how = f"{format_bytes(-saved)} more" if saved < 0 else f"{format_bytes(saved)} less"
+        return f"saves 0 ({how}: under {NEGLIGIBLE:.1%} of the worst rank)"
+    return f"saves {format_bytes(saved)}"
+
+
 def memory_findings(result: dict[str, Any], device_name: str = "the device") -> tuple[list[Finding], list[Finding]]:
     """(errors, warnings) of a memory result."""
     if "error" in result:
@@ -50,7 +78,9 @@ def memory_findings(result: dict[str, Any], device_name: str = "the device") -> 
     if device is None:
         return errors, warnings
     fitting = sorted((r for r in result.get("remedies", []) if r["fits"]), key=lambda r: r["total_bytes"])
-    not_enough = [r for r in result.get("remedies", []) if not r["fits"] and r["total_bytes"] is not None]
+    not_enough = [r for r in result.get("remedies", []) if not r["fits"] and r["total_bytes"] is not None
+                  and not _saves_nothing(result, r)]
+    useless = [r["change"] for r in result.get("remedies", []) if _saves_nothing(result, r)]
     for row in result["roles"]:
         over = row["total_bytes"] - device
         ranks = f"{row['role']} (ranks {_ranks(row['ranks'])})"
@@ -62,6 +92,8 @@ def memory_findings(result: dict[str, Any], device_name: str = "the device") -> 
                 tried = "; ".join(f"{r['change']} -> {format_bytes(r['total_bytes'])}" for r in not_enough)
                 remedy = ("no single change brings it under" + (f" (re-estimated: {tried})" if tried else "")
                           + "; combine them, or use more devices")
+            if useless:
+                remedy += f" ({'; '.join(useless)}: re-estimated, saves 0 here)"
             errors.append(Finding("memory-oom", f"{ranks} needs {format_bytes(row['total_bytes'])} but {device_name} "
                                   f"has {format_bytes(device)}: {format_bytes(over)} over", remedy))
         elif row["total_bytes"] > 0.95 * device:
@@ -123,6 +155,7 @@ def format_memory(result: dict[str, Any], device_name: str = "") -> str:
         out += ["", "changes re-estimated:"]
         for r in result["remedies"]:
             got = format_bytes(r["total_bytes"]) if r["total_bytes"] is not None else f"not estimated: {r['error']}"
-            out.append(f"  {r['change']:<84} {got}{'  fits' if r['fits'] else ''}")
+            saving = _saving(result, r)
+            out.append(f"  {r['change']:<84} {got}{'  fits' if r['fits'] else ''}{'  ' + saving if saving else ''}")
     out += ["", LIMITS]
     return "\n".join(out)
