@@ -72,6 +72,10 @@ def _make_mode_class() -> type:  # noqa: C901 (one dispatch table, read top to b
         return writes[func]
 
     class _Answers(TorchDispatchMode):
+        @classmethod
+        def _should_skip_dynamo(cls) -> bool:
+            return False  # nothing is compiled in the estimate: no torch._dynamo.disable wrapper per dispatched op
+
         def __init__(self) -> None:
             super().__init__()
             self.asked: Counter[tuple[str, str, str]] = Counter()
@@ -137,7 +141,10 @@ def _make_mode_class() -> type:  # noqa: C901 (one dispatch table, read top to b
                         s.drop(t)
 
         def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-            if func is device_of:  # a tensor's .device: metadata, nothing to answer or shadow
+            if func is device_of:  # a tensor's .device: metadata, answered as FakeTensor answers it outside its kernels
+                t = args[0]
+                if isinstance(t, FakeTensor) and not t.fake_mode.in_kernel_invocation:
+                    return t.fake_device
                 return func(*args)
             kwargs = kwargs or {}
             leaves = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
