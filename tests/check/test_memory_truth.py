@@ -13,6 +13,8 @@ default dropout, ``--transformer-impl local`` unless said):
 * ``pp2vpp``: TP2 + sequence parallelism, PP2 with two virtual stages per rank (8 micro-batches; the
   estimate runs 6), full recomputation (uniform, 1 layer);
 * ``cp2``: CP2 (the TE impl: context parallelism needs it);
+* ``tp2_te`` and ``tp2_te_selective``: the ``tp2`` launch on the TE impl without dropout (flash-style attention:
+  no S x S matrix is stored), without recomputation and with selective recomputation, which there saves little;
 * ``moe_ep2``: 4 experts top-2 over EP2, alltoall dispatcher, grouped GEMM, dropless (the real routing is
   uneven; the estimate spreads tokens evenly), and DP2 with the distributed optimizer for the dense part.
 
@@ -35,6 +37,9 @@ TINY = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4"
         "--max-position-embeddings", "64", "--micro-batch-size", "2", "--mock-data", "--tokenizer-type",
         "NullTokenizer", "--vocab-size", "128", "--lr", "1e-3", "--train-iters", "2", "--eval-iters", "0",
         "--eval-interval", "1000", "--seed", "1234"]
+# Qwen3's and Llama's dropout: none. With attention dropout the cpu target's attention keeps the S x S dropout mask
+# and probabilities (torch's flash kernel for cpu has no dropout), and selective recomputation frees them
+NO_DROPOUT = ["--attention-dropout", "0.0", "--hidden-dropout", "0.0"]
 LAUNCHES = {
     "tp2": (2, ["--transformer-impl", "local", *TINY, "--global-batch-size", "8", "--tensor-model-parallel-size", "2",
                 "--recompute-granularity", "selective"]),
@@ -42,6 +47,10 @@ LAUNCHES = {
                    "2", "--sequence-parallel", "--pipeline-model-parallel-size", "2",
                    "--num-layers-per-virtual-pipeline-stage", "1", "--recompute-granularity", "full",
                    "--recompute-method", "uniform", "--recompute-num-layers", "1"]),
+    "tp2_te": (2, ["--transformer-impl", "transformer_engine", *TINY, *NO_DROPOUT, "--global-batch-size", "8",
+                   "--tensor-model-parallel-size", "2"]),
+    "tp2_te_selective": (2, ["--transformer-impl", "transformer_engine", *TINY, *NO_DROPOUT, "--global-batch-size",
+                             "8", "--tensor-model-parallel-size", "2", "--recompute-granularity", "selective"]),
     "cp2": (2, ["--transformer-impl", "transformer_engine", *TINY, "--global-batch-size", "8",
                 "--context-parallel-size", "2"]),
     "moe_ep2": (2, ["--transformer-impl", "local", *TINY, "--global-batch-size", "8", "--expert-model-parallel-size",
@@ -49,6 +58,8 @@ LAUNCHES = {
                     "--moe-grouped-gemm", "--moe-ffn-hidden-size", "64", "--disable-bias-linear",
                     "--use-distributed-optimizer"]),
 }
+# estimated only (compared with the estimate of a launch above): tp2 without its selective recomputation
+ESTIMATED = {"tp2_local_none": (2, [a for a in LAUNCHES["tp2"][1] if a not in ("--recompute-granularity", "selective")])}
 
 
 @pytest.fixture(scope="module")
@@ -61,10 +72,11 @@ def runs(tmp_path_factory, root):
     """name -> (measured per rank, estimated result) for every launch."""
     work = tmp_path_factory.mktemp("memory-truth")
     measured = {name: measure(root, args, nproc, work / name) for name, (nproc, args) in LAUNCHES.items()}
+    every = {**LAUNCHES, **ESTIMATED}
     jobs = [{"launch": ["torchrun", "--nproc-per-node", str(nproc), str(root / "pretrain_gpt.py"), *args],
-             "target": "cpu", "remedies": False} for nproc, args in LAUNCHES.values()]
+             "target": "cpu", "remedies": False} for nproc, args in every.values()]
     estimated = estimate(jobs, work / "estimate")
-    return {name: (measured[name], result) for name, result in zip(LAUNCHES, estimated)}
+    return {name: (measured.get(name), result) for name, result in zip(every, estimated)}
 
 
 @pytest.mark.parametrize("name", list(LAUNCHES))
@@ -96,6 +108,30 @@ def test_state_terms_are_exact_and_the_pipeline_ran_fewer_micro_batches(runs):
         assert role["num_microbatches"] == 6 and measured[role["ranks"][0]]["num_microbatches"] == 8
     # the last stage's recorded pipeline peer is the first stage's rank with its TP coordinate
     assert [role["p2p_peers"] for role in result["roles"]] == [1, 1]
+
+
+def test_selective_recompute_frees_no_s_by_s_matrix_when_the_attention_stores_none(runs):
+    """Megatron's selective recomputation checkpoints core attention. The TE impl's attention without dropout
+    (torch's flash kernel for cpu) saves q, k, v, its output and the softmax statistics, never the S x S scores:
+    recomputing it frees the statistics and, where the output's layout change back to (s, b, h) is a copy (micro-batch
+    > 1), the attention's own (b, s, h) output; the checkpoint keeps q, k, v (saved by the attention too) and the
+    attention mask alive. The real runs free that much per layer and no more, and the estimate frees the same
+    (docs/memory.md: at micro-batch 1, Qwen3-8B's selective recomputation saves 0)."""
+    (none_real, none_est), (sel_real, sel_est) = runs["tp2_te"], runs["tp2_te_selective"]
+    layers, b, heads, s, d = 4, 2, 4 // 2, 64, 16  # the tiny GPT: 4 heads of 16 over TP2, fp32
+    per_layer = b * s * heads * d * 4 + b * heads * s * 4  # the (b, s, h) output and the statistics
+    est_saved = none_est["roles"][0]["activations_bytes"] - sel_est["roles"][0]["activations_bytes"]
+    for rank in none_real:
+        real_none = none_real[rank]["terms"]["activations_bytes"]
+        real_saved = real_none - sel_real[rank]["terms"]["activations_bytes"]
+        assert 0 <= real_saved <= layers * per_layer, (rank, real_saved, layers * per_layer)
+        assert abs(est_saved - real_saved) <= 0.01 * real_none, (rank, est_saved, real_saved)
+    # the flag does reach the simulated model: the local impl's attention keeps (b, heads / TP, s, s) matrices
+    # (its softmax output, the dropout mask and its result), and selective recomputation (the tp2 launch) frees
+    # them, at least one fp32 matrix per layer
+    local_none = runs["tp2_local_none"][1]["roles"][0]["activations_bytes"]
+    local_selective = runs["tp2"][1]["roles"][0]["activations_bytes"]
+    assert local_none - local_selective >= layers * b * heads * s * s * 4, (local_none, local_selective)
 
 
 def test_the_distributed_optimizer_shards_the_optimizer_state_over_dp(runs):

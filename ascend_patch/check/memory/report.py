@@ -156,6 +156,6 @@ def format_memory(result: dict[str, Any], device_name: str = "") -> str:
         for r in result["remedies"]:
             got = format_bytes(r["total_bytes"]) if r["total_bytes"] is not None else f"not estimated: {r['error']}"
             saving = _saving(result, r)
-            out.append(f"  {r['change']:<84} {got}{'  fits' if r['fits'] else ''}{'  ' + saving if saving else ''}")
+            out.append(f"  {r['change']:<84} {got}{'  ' + saving if saving else ''}{'  fits' if r['fits'] else ''}")
     out += ["", LIMITS]
     return "\n".join(out)
