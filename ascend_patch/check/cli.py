@@ -99,6 +99,10 @@ def _json(report: CheckReport) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.memory:
+        from .memory_cli import run_memory
+
+        return run_memory(args, format_report)
     order = "tp-cp-ep-pp-dp" if args.use_tp_pp_dp_mapping else args.order
     model = ModelDims("the command line", args.num_layers, args.num_attention_heads, args.num_query_groups,
                       args.hidden_size, args.ffn_hidden_size, args.num_experts)
@@ -108,7 +112,7 @@ def _run(args: argparse.Namespace) -> int:
                        args.hf_config, model if given else None, args.load, args.trust_checkpoint, args.device,
                        shlex.split(args.megatron_args) if args.megatron_args else None,
                        args.first_stage_layers, args.last_stage_layers)
-    print(_json(report) if args.json else format_report(report, args.max_rows))
+    print(_json(report) if args.json or args.format == "json" else format_report(report, args.max_rows))
     return 1 if report.errors else 0
 
 
@@ -147,6 +151,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     mod.add_argument("--hidden-size", type=int)
     mod.add_argument("--ffn-hidden-size", type=int)
     mod.add_argument("--num-experts", type=int)
+    mod.add_argument("--vocab-size", type=int, help="the tokenizer's size, when its files are not on this machine")
     mod.add_argument("--megatron-args", metavar="'ARGS'",
                      help="a Megatron command line (quoted): its parallel sizes are the launch's (a different value "
                      "given here too is an error), its model flags are checked against --hf-config or, without "
@@ -155,11 +160,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     ck.add_argument("--load", help="a Megatron checkpoint directory to be loaded")
     ck.add_argument("--trust-checkpoint", action="store_true",
                     help="read the saved args even when that needs full unpickling (runs the file's code)")
+    mem = p.add_argument_group("memory (--memory): will every rank fit? (docs/memory.md)")
+    mem.add_argument("--memory", action="store_true",
+                     help="estimate each rank's device memory by running the launch's Megatron-LM on fake tensors")
+    mem.add_argument("--device-memory", metavar="SIZE", help="the device's memory, e.g. 64GB (overrides --chip)")
+    mem.add_argument("--chip", help="the device by name: 910B1, 910B2, 910B2C, 910B3, 910B4, 910B4-1, A3")
+    mem.add_argument("--megatron-lm", metavar="DIR", help="with --hf-config: the Megatron-LM checkout to run")
+    mem.add_argument("--allocator-margin", type=float, metavar="FRACTION",
+                     help="the caching allocator's margin over the tensor peak (default 0.05)")
+    mem.add_argument("--runtime-reserved", metavar="SIZE", help="device memory the runtime holds (default 3419MB)")
+    mem.add_argument("--no-remedies", action="store_true", help="do not re-estimate changes when a rank does not fit")
+    mem.add_argument("launch", nargs=argparse.REMAINDER,
+                     help="after --: the launch line as the cluster runs it (torchrun ... pretrain_gpt.py ARGS)")
     out = p.add_argument_group("output")
     out.add_argument("--device", choices=("npu", "cpu"), default="npu",
-                     help="target whose NCCL-variable counterparts are checked (default npu)")
+                     help="target whose NCCL-variable counterparts are checked, and whose memory is estimated "
+                     "(default npu)")
     out.add_argument("--max-rows", type=int, default=64)
     out.add_argument("--json", action="store_true")
+    out.add_argument("--format", choices=("text", "json"), default="text", help="json: the same as --json")
     p.set_defaults(func=_run)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -77,11 +78,18 @@ def disagreements(mc: ModelConfig, argv: Sequence[str], make_vocab_size_divisibl
     """
     expected = mc.megatron_args(make_vocab_size_divisible_by=make_vocab_size_divisible_by)
     given = _parse_argv(argv)
+    compared = dict(given)
+    if given.get("tokenizer-type") == "NullTokenizer" and isinstance(given.get("vocab-size"), str):
+        # Megatron's NullTokenizer adds one end-of-document token: its vocabulary is --vocab-size + 1
+        with contextlib.suppress(ValueError):
+            compared["vocab-size"] = str(int(given["vocab-size"]) + 1)
     problems = []
     for name, value in given.items():
-        if name in expected and not _same(expected[name], value):
+        if name in expected and not _same(expected[name], compared[name]):
             shown = "" if value is True else f" {' '.join(value) if isinstance(value, list) else value}"
             want = "(a bare switch)" if expected[name] is True else str(expected[name])
+            if compared[name] != value:
+                want += f" (NullTokenizer adds one token: give {int(expected[name]) - 1})"
             problems.append(Finding("flag-value", f"--{name}{shown}: config.json says {want}"))
     switches = ("swiglu", "disable-bias-linear", "add-qkv-bias", "qk-layernorm",
                 "untie-embeddings-and-output-weights", "group-query-attention", "use-rope-scaling")

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from ..backend import current_target
+from .fake import is_fake
 
 __all__ = [
     "apply_rotary_emb",
@@ -63,9 +64,12 @@ def _rotated(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, conjugate: 
     xm = x if x.dtype == md else x.to(md)
     out = torch.empty_like(xm)
     rd = 2 * cos.shape[-1]
-    _rotate_into(out, xm, cos.to(md), sin.to(md), interleaved, conjugate)
-    if rd < x.shape[-1]:
-        out[..., rd:].copy_(xm[..., rd:])
+    cos_m, sin_m = cos.to(md), sin.to(md)
+    if not is_fake(out):  # on fake tensors the writes compute nothing and allocate nothing (see .fake)
+        _rotate_into(out, xm, cos_m, sin_m, interleaved, conjugate)
+        if rd < x.shape[-1]:
+            out[..., rd:].copy_(xm[..., rd:])
+    del cos_m, sin_m  # freed before the conversion back, as the tables' copies always were
     return out if out.dtype == x.dtype else out.to(x.dtype)
 
 

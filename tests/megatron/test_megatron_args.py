@@ -202,3 +202,20 @@ def test_spec_naming_another_family_is_a_disagreement():
     (unknown,) = _spec(mc, ["--spec", "qwen4"], spec="qwen3")
     assert unknown.startswith("--spec qwen4: unknown model spec 'qwen4'; known: ")
     assert _spec(mc, ["--spec", "some.module", "layer_spec"], spec="qwen3") == []
+
+
+def test_a_null_tokenizer_vocabulary_is_one_token_larger_than_its_flag():
+    from ascend_patch.models.args_cli import disagreements
+    from ascend_patch.models.qwen3.config import config_from_hf
+
+    mc = config_from_hf(QWEN3_1_7B)
+    vocab = QWEN3_1_7B["vocab_size"]
+
+    def vocab_problems(argv):
+        return [str(p) for p in disagreements(mc, argv) if str(p).startswith("--vocab-size")]
+
+    # Megatron's NullTokenizer adds one end-of-document token to --vocab-size
+    assert vocab_problems(["--tokenizer-type", "NullTokenizer", "--vocab-size", str(vocab - 1)]) == []
+    assert vocab_problems(["--tokenizer-type", "NullTokenizer", "--vocab-size", str(vocab)]) == [
+        f"--vocab-size {vocab}: config.json says {vocab} (NullTokenizer adds one token: give {vocab - 1})"]
+    assert vocab_problems(["--vocab-size", str(vocab - 1)]) == [f"--vocab-size {vocab - 1}: config.json says {vocab}"]
