@@ -210,9 +210,8 @@ _HERE = "ascend_patch.adaptors.megatron.triton_shim"
 TRITON: ShimTable = {
     "triton": ShimSpec("kernels import but refuse to launch", {
         "jit": f"{_HERE}:jit", "autotune": f"{_HERE}:passthrough", "heuristics": f"{_HERE}:passthrough",
-        "Config": f"{_HERE}:Config", "cdiv": f"{_HERE}:cdiv", "next_power_of_2": f"{_HERE}:next_power_of_2",
-        "__version__": f"{_HERE}:TRITON_VERSION"},
-        hints={"*": _HINT}),
+        "Config": f"{_HERE}:Config", "cdiv": f"{_HERE}:cdiv", "next_power_of_2": f"{_HERE}:next_power_of_2"},
+        hints={"*": _HINT}, version=TRITON_VERSION),
     "triton.language": ShimSpec("constexpr and the integer types kernels annotate with", {
         "constexpr": f"{_HERE}:constexpr", "int32": f"{_HERE}:int32", "int64": f"{_HERE}:int64"},
         hints={"*": _HINT}),
