@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from ...errors import FindingError
 from ...parallel import Layout, ParallelConfigError
 from .launchline import LaunchLine, flag, flag_int, with_flag, without
-from .releases import DROPPED_FLAGS
+from .megatron_names import DROPPED_FLAGS
 from .tracking import Terms
 
 __all__ = ["Role", "RoleEstimate", "estimate_argv", "estimate_roles", "microbatches_needed", "roles"]

@@ -13,7 +13,7 @@ import copy
 import importlib
 from typing import Any
 
-from .releases import FORMULA_ACTIVATIONS, FORMULA_MODULE
+from .megatron_names import FORMULA_ACTIVATIONS, FORMULA_MODULE
 
 __all__ = ["megatron_formula"]
 

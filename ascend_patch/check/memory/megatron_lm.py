@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import AscendPatchError
-from .releases import BATCH_KEYS, ESTIMATE_SKIPS, TEARDOWN, TRAINING_HOOKS
+from .megatron_names import BATCH_KEYS, ESTIMATE_SKIPS, TEARDOWN, TRAINING_HOOKS
 from .formula import megatron_formula
 from .tracking import Terms, peak_tracker, state_tensors, state_terms, step_terms
 

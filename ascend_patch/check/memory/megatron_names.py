@@ -1,14 +1,13 @@
-"""Everything the memory estimate knows that could differ between Megatron-LM releases, in one place.
+"""The Megatron-LM names the memory estimate reaches for, as data.
 
-Checked against the snapshots of core_v0.12.1, core_v0.16.1 and core_v0.17.1: the names below
-are the same in all three (``RELEASE_DIFFERENCES`` lists where they are not). This table is
-meant to move into the project's one release-difference module.
+Checked against the snapshots of core_v0.12.1, core_v0.16.1 and core_v0.17.1: they are the same in
+all three. A name that differs between releases belongs in ``adaptors/megatron/releases.py`` as a fact.
 """
 
 from __future__ import annotations
 
 __all__ = ["BATCH_KEYS", "DROPPED_FLAGS", "ESTIMATE_SKIPS", "FORMULA_ACTIVATIONS", "FORMULA_MODULE",
-           "RELEASE_DIFFERENCES", "TEARDOWN", "TRAINING_HOOKS"]
+           "TEARDOWN", "TRAINING_HOOKS"]
 
 # megatron.training.training names the estimate wraps while pretrain runs
 TRAINING_HOOKS: tuple[str, ...] = (
@@ -53,11 +52,4 @@ DROPPED_FLAGS: dict[str, int] = {
     "exit-duration-in-mins": 1, "rampup-batch-size": 3, "train-samples": 1, "lr-decay-samples": 1,
     "lr-warmup-samples": 1, "lr-wsd-decay-samples": 1, "profile": 0, "use-pytorch-profiler": 0,
     "record-memory-history": 0, "eval-iters": 1, "eval-interval": 1, "train-iters": 1,
-}
-
-# release -> what differs for the estimate there (empty: nothing known)
-RELEASE_DIFFERENCES: dict[str, dict[str, object]] = {
-    "0.12": {},
-    "0.16": {},
-    "0.17": {},
 }
