@@ -82,6 +82,7 @@ def test_out_of_range_warns_once_at_import_and_applies_best_effort(tmp_path):
     assert (f"megatron-core 0.18.0 (checkout {tmp_path}/megatron/core, shadows the installed wheel" in done.stderr
             and "megatron-core 0.12.x to 0.17.x, and Megatron-LM main as tested at d98e8a6" in done.stderr
             and "on a best-effort basis" in done.stderr), done.stderr
+    assert "to move up" not in done.stderr  # newer than the range: converting down is no advice
     assert "STILL cpu" in done.stdout
 
 
@@ -91,6 +92,16 @@ def test_strict_mode_refuses_an_out_of_range_release_when_it_is_imported(tmp_pat
     assert done.returncode == 1 and "APPLIED" in done.stdout and "NOT REACHED" not in done.stdout
     assert "UnsupportedMegatron: megatron-core 0.11.0 (checkout" in done.stderr
     assert "ASCEND_PATCH_STRICT=1 refuses it" in done.stderr
+    # older than the range: the message says how to move up
+    assert "to move up, convert its checkpoints with ascend-patch convert" in done.stderr
+
+
+@pytest.mark.parametrize("version, older", [("0.8.0", True), ("0.11.9", True), ("0.12.0", False), ("0.18.0", False),
+                                            ("0.20.0", False)])
+def test_older_releases_are_told_apart_from_newer_ones(version, older):
+    from ascend_patch.adaptors.megatron import releases
+
+    assert releases.older(version) is older
 
 
 @pytest.mark.parametrize("version,ok", [("0.12.0", True), ("0.12.1", True), ("0.17.9", True), ("0.20.0", True),

@@ -46,6 +46,9 @@ def check_release(strict: bool) -> None:
     if found is None or releases.supported(found.version):
         return
     outside = f"{found.describe()} is outside the releases ascend_patch supports ({releases.supported_text()})"
+    if releases.older(found.version):
+        outside += ("; to move up, convert its checkpoints with ascend-patch convert, which reads the legacy torch "
+                    "format of megatron-core's GPT model (docs/megatron.md, 'Out of range')")
     if strict:
         raise UnsupportedMegatron(f"{outside}; ASCEND_PATCH_STRICT=1 refuses it. Use a supported release "
                                   "(docs/megatron.md, 'Megatron releases'), or run without ASCEND_PATCH_STRICT to "

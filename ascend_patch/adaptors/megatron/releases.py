@@ -7,7 +7,7 @@ import re
 import sys
 
 __all__ = ["COMPILED_AT_IMPORT", "COMPILED_DIRECTLY", "FACTS", "MAIN", "PACKAGE", "SUPPORTED",
-           "TRITON_KERNEL_USERS", "current_version", "has", "needed_on", "supported", "supported_text"]
+           "TRITON_KERNEL_USERS", "current_version", "has", "needed_on", "older", "supported", "supported_text"]
 
 PACKAGE = "megatron-core"
 SUPPORTED = ">=0.12,<0.18"  # the release lines every Megatron patch was checked against
@@ -58,6 +58,11 @@ def supported(version: str) -> bool:
     have = _release(version)
     low, high = (_release(bound) for bound in re.findall(r"[\d.]+", SUPPORTED))
     return low <= have[:len(low)] and have[:len(high)] < high or have[:3] == _release(MAIN["version"])
+
+
+def older(version: str) -> bool:
+    """Whether megatron-core ``version`` predates the supported releases (MindSpeed-LLM 2.1.0's core_r0.8.0, say)."""
+    return _release(version) < _release(re.findall(r"[\d.]+", SUPPORTED)[0])
 
 
 def supported_text() -> str:
