@@ -96,6 +96,18 @@ def test_strict_mode_refuses_an_out_of_range_release_when_it_is_imported(tmp_pat
     assert "to move up, convert its checkpoints with ascend-patch convert" in done.stderr
 
 
+def test_an_older_release_that_cannot_import_here_is_named_before_its_traceback(tmp_path):
+    # as core_r0.8.0 does where setuptools no longer ships pkg_resources
+    tree = _tree(tmp_path, "0.8.0")
+    (tmp_path / "megatron" / "core" / "__init__.py").write_text("from pkg_resources import packaging\n")
+    done = _run("import ascend_patch, torch\nimport megatron.core", tree)
+    assert done.returncode == 1 and "No module named 'pkg_resources'" in done.stderr
+    warned = done.stderr.index("megatron-core 0.8.0 (checkout")
+    assert warned < done.stderr.index("Traceback"), done.stderr
+    assert "to move up, convert its checkpoints with ascend-patch convert" in done.stderr
+    assert done.stderr.count("outside the releases ascend_patch supports") == 1
+
+
 @pytest.mark.parametrize("version, older", [("0.8.0", True), ("0.11.9", True), ("0.12.0", False), ("0.18.0", False),
                                             ("0.20.0", False)])
 def test_older_releases_are_told_apart_from_newer_ones(version, older):

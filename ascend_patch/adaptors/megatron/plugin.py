@@ -71,7 +71,13 @@ class _CheckOnImport:
         self.strict = strict
         if "megatron.core" in sys.modules:  # imported before this apply: check it now
             check_release(strict)
-        elif not self.watching:
+            return
+        found = find_megatron()
+        if found is not None and releases.older(found.version):
+            # an older release may not even import here (core_r0.8.0 imports pkg_resources, which setuptools
+            # 81+ lacks): say now what it is and how to move up; the import, if it works, is checked again
+            check_release(False)
+        if not self.watching:
             import wrapt
 
             self.watching = True
