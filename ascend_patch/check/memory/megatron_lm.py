@@ -40,8 +40,11 @@ class _Captured(Exception):
         self.call_args, self.call_kwargs = args, kwargs
 
 
-class StepsDone(Exception):  # noqa: N818 (a signal, not an error)
-    """Raised after the measured step when the run should stop there (the estimate)."""
+class StepsDone(BaseException):  # noqa: N818 (a signal, not an error)
+    """Raised after the measured step when the run should stop there (the estimate).
+
+    A BaseException, as SystemExit is: it unwinds Megatron-LM's training loop, whose ``except Exception``
+    handlers must not take it for a failure, and it is never an error a user sees."""
 
 
 @dataclass
