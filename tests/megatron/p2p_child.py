@@ -6,6 +6,7 @@ imported before, so the patch wraps the imported module); prints one JSON line w
 of sends the receiver got wrong in each phase."""
 
 import json
+import time
 
 import torch
 import torch.distributed as dist
@@ -31,6 +32,9 @@ def phase() -> int:
                 req.wait()
             del churn
         else:
+            # gloo sends only once the receiver has posted its recv: posting it late makes the sender's
+            # read of the activation come after the deallocation and churn on every send, not by chance
+            time.sleep(0.05)
             buf = torch.empty(SHAPE)
             reqs = p2p_communication._p2p_ops(tensor_send_prev=None, tensor_recv_prev=buf, tensor_send_next=None,
                                               tensor_recv_next=None, group=dist.group.WORLD, prev_pipeline_rank=0,
