@@ -168,3 +168,38 @@ def test_a_change_that_saves_nothing_is_said_to_save_0_and_not_offered_as_a_try(
     lines = {line.split("  ")[1]: line for line in format_memory(result).splitlines() if line.startswith("  --")}
     assert lines["--recompute-granularity selective"].endswith("saves 0 (2.00 MiB less: under 0.1% of the worst rank)")
     assert lines["--tensor-model-parallel-size 2"].endswith("65.00 GiB  saves 35.00 GiB")
+
+
+def test_measured_exchanges_hand_gloo_copies_and_keep_async_and_coalesced_calls_as_they_are():
+    """measure's blocking all_to_all_single runs on untracked copies (gloo's worker thread drops its references
+    after the call returns: the caller's tensors must not die there); the result lands in the caller's output."""
+    import torch
+    import torch.distributed as dist
+
+    from ascend_patch.check.memory.measure import exchanges_on_copies
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    original = dist.all_to_all_single
+    seen = []
+
+    def spy(output, input, output_split_sizes=None, input_split_sizes=None, group=None, async_op=False):
+        seen.append((output.data_ptr(), input.data_ptr()))
+        return original(output, input, output_split_sizes, input_split_sizes, group=group, async_op=async_op)
+
+    try:
+        dist.all_to_all_single = spy
+        given, out = torch.arange(6.0).reshape(3, 2), torch.zeros(3, 2)
+        with exchanges_on_copies():
+            assert dist.all_to_all_single is not spy
+            dist.all_to_all_single(out, given, [3], [3])
+            assert torch.equal(out, given) and seen[-1][0] != out.data_ptr() and seen[-1][1] != given.data_ptr()
+            out.zero_()
+            dist.all_to_all_single(out, given, async_op=True).wait()  # the work holds the caller's own tensors
+            assert torch.equal(out, given) and seen[-1] == (out.data_ptr(), given.data_ptr())
+            with dist._coalescing_manager():  # a blocking call only queues its work there
+                dist.all_to_all_single(out, given)
+            assert seen[-1] == (out.data_ptr(), given.data_ptr())
+        assert dist.all_to_all_single is spy
+    finally:
+        dist.all_to_all_single = original
+        dist.destroy_process_group()
