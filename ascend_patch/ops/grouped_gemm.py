@@ -126,8 +126,13 @@ def _weight_grads(x: Tensor, grad: Tensor, weights: tuple[Tensor, ...], sizes: l
         return _dummy_grads(weights)
     shape = weights[0].shape[1:] if stacked else weights[0].shape  # one group's weight
     out = None if accumulate else x.new_empty(len(sizes), *shape)
+    fake = is_fake(x)  # the writes compute nothing; the largest group's casts are the loop's only allocations
+    largest = max(range(len(sizes)), key=lambda g: sizes[g]) if sizes else -1
     start = 0
     for g, size in enumerate(sizes):
+        if fake and (out is not None or g != largest):
+            start += size
+            continue
         if not size:
             if out is not None:
                 out[g].zero_()
@@ -141,7 +146,8 @@ def _weight_grads(x: Tensor, grad: Tensor, weights: tuple[Tensor, ...], sizes: l
         target = weights[0].main_grad[g] if stacked else weights[g].main_grad
         if target.dtype != lhs.dtype:  # an fp32 main_grad accumulates 16-bit products in fp32
             lhs, rhs = lhs.to(target.dtype), rhs.to(target.dtype)
-        target.addmm_(lhs.t(), rhs)
+        if not fake:
+            target.addmm_(lhs.t(), rhs)
     if out is None:
         return _dummy_grads(weights)
     return (out,) if stacked else tuple(out.unbind(0))
