@@ -203,3 +203,48 @@ def test_measured_exchanges_hand_gloo_copies_and_keep_async_and_coalesced_calls_
     finally:
         dist.all_to_all_single = original
         dist.destroy_process_group()
+
+
+def _tracked_peak(step, fake: bool) -> int:
+    """The peak of live tensor bytes MemTracker sees while ``step`` runs, on real or on fake tensors."""
+    import contextlib
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from ascend_patch.check.memory.tracking import peak_tracker
+
+    tracker = peak_tracker()
+    with FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext(), tracker:
+        step()
+    return tracker.peak_total()
+
+
+def test_the_estimates_shortcuts_allocate_on_fake_tensors_what_the_real_ops_allocate():
+    """The estimate skips the writing of the grouped GEMM's weight gradients (bf16 products added into fp32
+    main_grad: per-group fp32 casts) and runs Megatron's sort_chunks_by_idxs as its allocations alone; on fake
+    tensors both must reach the peak the real ops reach on real tensors, forward and backward."""
+    import torch
+    from megatron.core.transformer.moe import moe_utils
+
+    from ascend_patch.check.memory.shortcuts import sort_chunks_by_idxs
+    from ascend_patch.ops.grouped_gemm import grouped_matmul
+
+    def grouped():
+        torch.manual_seed(0)
+        x = torch.randn(48, 16, dtype=torch.bfloat16, requires_grad=True)
+        w = torch.randn(4, 16, 24, dtype=torch.bfloat16, requires_grad=True)
+        w.main_grad = torch.zeros(4, 16, 24)
+        grouped_matmul(x, w, [5, 0, 31, 12], accumulate_wgrad=True).sum().backward()
+
+    def sorted_chunks(sort):
+        tokens = torch.randn(40, 8, requires_grad=True)
+        probs = torch.rand(40, requires_grad=True)
+        splits, order = torch.tensor([3, 9, 0, 12, 16]), torch.tensor([4, 1, 3, 0, 2])
+        out, permuted = sort(tokens * 2, splits, order, probs=probs * 1)
+        (out.sum() + permuted.sum()).backward()
+
+    assert _tracked_peak(grouped, fake=True) == _tracked_peak(grouped, fake=False) > 0
+    shortcut = sort_chunks_by_idxs(moe_utils.sort_chunks_by_idxs)
+    real = _tracked_peak(lambda: sorted_chunks(moe_utils.sort_chunks_by_idxs), fake=False)
+    assert _tracked_peak(lambda: sorted_chunks(shortcut), fake=True) == real > 0
+    assert _tracked_peak(lambda: sorted_chunks(shortcut), fake=False) == real  # real tensors take the original

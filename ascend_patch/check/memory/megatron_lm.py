@@ -10,8 +10,9 @@ names of ``megatron.training.training`` while the real ``pretrain`` runs:
 * ``train_step``: the measured iteration is tracked with the tracker entered afresh (its
   peak restarts), after the optimizer state exists; the terms are taken after it
   (:mod:`.tracking`);
-* (estimate only) the data pipeline's preparation (``releases.ESTIMATE_SKIPS``: compiling the
-  dataset helpers), which the estimate never uses;
+* (estimate only) the data pipeline's preparation (``ESTIMATE_SKIPS``: compiling the
+  dataset helpers), which the estimate never uses, and the functions :mod:`.shortcuts` runs as
+  their allocations alone on fake tensors;
 * ``build_train_valid_test_data_iterators``: each micro-batch reaches the step as a device copy
   (:func:`_device_batches`); in the estimate the data set's files are not on this machine, so
   the host micro-batches have the shapes and dtypes Megatron's GPT data set yields;
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import AscendPatchError
+from . import shortcuts
 from .megatron_names import BATCH_KEYS, ESTIMATE_SKIPS, TEARDOWN, TRAINING_HOOKS
 from .formula import megatron_formula
 from .tracking import Terms, peak_tracker, state_tensors, state_terms, step_terms
@@ -214,7 +216,8 @@ def recorded_steps(*, synthetic_data: bool, stop_after: bool, state_only: bool =
             skipped.append((module, function, getattr(module, function)))
             setattr(module, function, lambda *args, **kwargs: None)
     try:
-        yield record
+        with shortcuts.fake_shortcuts() if synthetic_data else contextlib.nullcontext():
+            yield record
     finally:
         for name, value in original.items():
             setattr(training, name, value)

@@ -6,7 +6,7 @@ all three. A name that differs between releases belongs in ``adaptors/megatron/r
 
 from __future__ import annotations
 
-__all__ = ["BATCH_KEYS", "DROPPED_FLAGS", "ESTIMATE_SKIPS", "FORMULA_ACTIVATIONS", "FORMULA_MODULE",
+__all__ = ["BATCH_KEYS", "DROPPED_FLAGS", "ESTIMATE_SKIPS", "FAKE_SHORTCUTS", "FORMULA_ACTIVATIONS", "FORMULA_MODULE",
            "TEARDOWN", "TRAINING_HOOKS"]
 
 # megatron.training.training names the estimate wraps while pretrain runs
@@ -28,6 +28,12 @@ FORMULA_ACTIVATIONS: tuple[tuple[str, str], ...] = (
 # (_compile_dependencies builds megatron-core's dataset helpers with make, g++ and pybind11 on rank 0
 # when the launch's Megatron-LM carries megatron/core as source)
 ESTIMATE_SKIPS: tuple[tuple[str, str], ...] = (("megatron.training.initialize", "_compile_dependencies"),)
+
+# (module, function) the estimate runs as its allocations alone on fake tensors (.shortcuts has one function
+# of each name): the module is where the caller looks the name up (token_dispatcher imports it from moe_utils)
+FAKE_SHORTCUTS: tuple[tuple[str, str], ...] = (
+    ("megatron.core.transformer.moe.token_dispatcher", "sort_chunks_by_idxs"),
+)
 
 # What megatron.core.datasets.gpt_dataset.GPTDataset yields per sample (key, torch dtype); the
 # attention mask ([1, s, s] bool) only with --create-attention-mask-in-dataloader (the default)
