@@ -80,16 +80,20 @@ def disagreements(mc: ModelConfig, argv: Sequence[str], make_vocab_size_divisibl
     given = _parse_argv(argv)
     compared = dict(given)
     if given.get("tokenizer-type") == "NullTokenizer" and isinstance(given.get("vocab-size"), str):
-        # Megatron's NullTokenizer adds one end-of-document token: its vocabulary is --vocab-size + 1
+        # Megatron's NullTokenizer, up to megatron-core 0.17, adds its end-of-document id after --vocab-size ids;
+        # Megatron-LM main's counts it among them. The flags do not say which runs: either reading agrees
         with contextlib.suppress(ValueError):
-            compared["vocab-size"] = str(int(given["vocab-size"]) + 1)
+            size = int(given["vocab-size"])
+            if "vocab-size" in expected and _same(expected["vocab-size"], str(size + 1)):
+                compared["vocab-size"] = str(size + 1)
     problems = []
     for name, value in given.items():
         if name in expected and not _same(expected[name], compared[name]):
             shown = "" if value is True else f" {' '.join(value) if isinstance(value, list) else value}"
             want = "(a bare switch)" if expected[name] is True else str(expected[name])
-            if compared[name] != value:
-                want += f" (NullTokenizer adds one token: give {int(expected[name]) - 1})"
+            if name == "vocab-size" and given.get("tokenizer-type") == "NullTokenizer":
+                want += (f" (give {int(expected[name]) - 1} with megatron-core up to 0.17, whose NullTokenizer adds "
+                         f"its end-of-document id, or {expected[name]} with Megatron-LM main, whose counts it)")
             problems.append(Finding("flag-value", f"--{name}{shown}: config.json says {want}"))
     switches = ("swiglu", "disable-bias-linear", "add-qkv-bias", "qk-layernorm",
                 "untie-embeddings-and-output-weights", "group-query-attention", "use-rope-scaling")

@@ -248,3 +248,16 @@ def test_the_estimates_shortcuts_allocate_on_fake_tensors_what_the_real_ops_allo
     real = _tracked_peak(lambda: sorted_chunks(moe_utils.sort_chunks_by_idxs), fake=False)
     assert _tracked_peak(lambda: sorted_chunks(shortcut), fake=True) == real > 0
     assert _tracked_peak(lambda: sorted_chunks(shortcut), fake=False) == real  # real tensors take the original
+
+
+def test_the_null_tokenizer_stands_for_the_vocabulary_on_every_release(tmp_path):
+    """Up to 0.17 Megatron's NullTokenizer adds its end-of-document id after --vocab-size ids; main's counts it."""
+    from ascend_patch.check.memory.vocab import megatron_version_at, null_tokenizer_vocab_size
+
+    assert null_tokenizer_vocab_size(151936, "0.12.1") == null_tokenizer_vocab_size(151936, "0.17.1") == 151935
+    assert null_tokenizer_vocab_size(151936, "0.20.0rc0") == 151936  # Megatron-LM main as vendored
+    core = tmp_path / "megatron" / "core"
+    core.mkdir(parents=True)
+    (core / "package_info.py").write_text("MAJOR = 0\nMINOR = 20\nPATCH = 0\nPRE_RELEASE = 'rc0'\n")
+    assert megatron_version_at(str(tmp_path)) == "0.20.0rc0"
+    assert megatron_version_at(str(tmp_path / "megatron")) is None  # no megatron/core there: the installed one runs

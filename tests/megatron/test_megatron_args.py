@@ -204,7 +204,7 @@ def test_spec_naming_another_family_is_a_disagreement():
     assert _spec(mc, ["--spec", "some.module", "layer_spec"], spec="qwen3") == []
 
 
-def test_a_null_tokenizer_vocabulary_is_one_token_larger_than_its_flag():
+def test_a_null_tokenizer_vocabulary_is_its_flag_plus_the_end_of_document_id_or_the_flag_on_main():
     from ascend_patch.models.args_cli import disagreements
     from ascend_patch.models.qwen3.config import config_from_hf
 
@@ -214,8 +214,10 @@ def test_a_null_tokenizer_vocabulary_is_one_token_larger_than_its_flag():
     def vocab_problems(argv):
         return [str(p) for p in disagreements(mc, argv) if str(p).startswith("--vocab-size")]
 
-    # Megatron's NullTokenizer adds one end-of-document token to --vocab-size
+    # megatron-core up to 0.17: NullTokenizer adds its end-of-document id; Megatron-LM main's counts it
     assert vocab_problems(["--tokenizer-type", "NullTokenizer", "--vocab-size", str(vocab - 1)]) == []
-    assert vocab_problems(["--tokenizer-type", "NullTokenizer", "--vocab-size", str(vocab)]) == [
-        f"--vocab-size {vocab}: config.json says {vocab} (NullTokenizer adds one token: give {vocab - 1})"]
+    assert vocab_problems(["--tokenizer-type", "NullTokenizer", "--vocab-size", str(vocab)]) == []
+    assert vocab_problems(["--tokenizer-type", "NullTokenizer", "--vocab-size", str(vocab - 2)]) == [
+        f"--vocab-size {vocab - 2}: config.json says {vocab} (give {vocab - 1} with megatron-core up to 0.17, whose "
+        f"NullTokenizer adds its end-of-document id, or {vocab} with Megatron-LM main, whose counts it)"]
     assert vocab_problems(["--vocab-size", str(vocab - 1)]) == [f"--vocab-size {vocab - 1}: config.json says {vocab}"]

@@ -30,6 +30,8 @@ FACTS: dict[str, str] = {
     "numpy_product": "<0.16",
     # MockGPTLowLevelDataset takes token ids modulo the vocabulary (before: ids up to 4094 whatever it is)
     "mock_tokens_within_vocab": ">=0.16",
+    # NullTokenizer adds its end-of-document id after --vocab-size ids (main's counts it among them)
+    "null_tokenizer_adds_eod": "<0.18",
     # -- launch flags, as the MindSpeed-LLM migration table (ascend_patch.migrate) reads them --
     # --moe-token-dispatcher-type alltoall_seq (removed in 0.13)
     "alltoall_seq_dispatcher": "<0.13",
@@ -104,9 +106,10 @@ def in_release_range(version: str, spec: str) -> bool:
     return SpecifierSet(spec).contains(".".join(map(str, _release(version))))
 
 
-def has(fact: str) -> bool:
-    """Whether the release this process imports has ``fact`` (with no megatron-core: the newest behaviour)."""
-    version = current_version()
+def has(fact: str, version: str | None = None) -> bool:
+    """Whether ``version`` (default: the release this process imports) has ``fact`` (with no megatron-core: the
+    newest behaviour)."""
+    version = version if version is not None else current_version()
     return in_release_range(version if version is not None else MAIN["version"], FACTS[fact])
 
 

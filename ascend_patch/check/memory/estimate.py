@@ -21,6 +21,7 @@ from ...parallel import Layout, ParallelConfigError
 from .launchline import LaunchLine, flag, flag_int, with_flag, without
 from .megatron_names import DROPPED_FLAGS
 from .tracking import Terms
+from .vocab import null_tokenizer_vocab_size
 
 __all__ = ["Role", "RoleEstimate", "estimate_argv", "estimate_roles", "microbatches_needed", "roles"]
 
@@ -121,8 +122,7 @@ def estimate_argv(line: LaunchLine, vocab_size: int | None = None) -> tuple[list
                                "memory-vocab", "give --vocab-size N (the tokenizer's size) or --hf-config")
         for name in ("tokenizer-type", *_TOKENIZER_FILES):
             argv = without(argv, name, 1)
-        # Megatron's NullTokenizer adds one end-of-document token to --vocab-size
-        argv = with_flag(argv, "vocab-size", str(vocab_size - 1))
+        argv = with_flag(argv, "vocab-size", str(null_tokenizer_vocab_size(vocab_size)))
         argv += ["--tokenizer-type", "NullTokenizer"]
         notes.append(f"the tokenizer is not on this machine: a {vocab_size}-token vocabulary stands for it")
     return argv, notes

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from ...errors import FindingError
 from .launchline import flag
+from .vocab import megatron_version_at, null_tokenizer_vocab_size
 
 __all__ = ["launch_from_config"]
 
@@ -32,9 +33,8 @@ def launch_from_config(hf_config: str, megatron_lm: str | None, nnodes: int, npr
                            "or the launch line after --")
     mc, spec = model_config_from_path(hf_config)
     argv = [a for a in mc.megatron_argv() if a]
-    vocab = mc.vocab_size
     i = argv.index("--vocab-size")
-    argv[i + 1] = str(vocab - 1)  # Megatron's NullTokenizer adds one end-of-document token
+    argv[i + 1] = str(null_tokenizer_vocab_size(mc.vocab_size, megatron_version_at(root)))
     argv += ["--spec", spec, "--tokenizer-type", "NullTokenizer", "--mock-data", "--lr", "1e-4"]
     for name, value in layout.items():
         if value is not None and flag(megatron_args, name) is None:
