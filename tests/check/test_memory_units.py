@@ -261,3 +261,16 @@ def test_the_null_tokenizer_stands_for_the_vocabulary_on_every_release(tmp_path)
     (core / "package_info.py").write_text("MAJOR = 0\nMINOR = 20\nPATCH = 0\nPRE_RELEASE = 'rc0'\n")
     assert megatron_version_at(str(tmp_path)) == "0.20.0rc0"
     assert megatron_version_at(str(tmp_path / "megatron")) is None  # no megatron/core there: the installed one runs
+
+
+def test_fake_shortcuts_replace_what_the_launch_imported_and_put_back_the_originals():
+    import megatron.core.transformer.moe.token_dispatcher as dispatcher
+
+    from ascend_patch.check.memory.megatron_names import FAKE_SHORTCUTS
+    from ascend_patch.check.memory.shortcuts import _MAKERS, fake_shortcuts
+
+    assert {name for _, name in FAKE_SHORTCUTS} == set(_MAKERS)
+    original = dispatcher.sort_chunks_by_idxs
+    with fake_shortcuts():
+        assert dispatcher.sort_chunks_by_idxs is not original
+    assert dispatcher.sort_chunks_by_idxs is original

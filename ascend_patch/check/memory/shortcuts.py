@@ -56,6 +56,9 @@ def sort_chunks_by_idxs(original: Any) -> Any:
     return sort
 
 
+_MAKERS = {"sort_chunks_by_idxs": sort_chunks_by_idxs}  # FAKE_SHORTCUTS' name -> its shortcut's maker
+
+
 @contextlib.contextmanager
 def fake_shortcuts() -> Iterator[None]:
     """While inside, the names of :data:`FAKE_SHORTCUTS` in modules the launch imported are shortcut."""
@@ -65,7 +68,7 @@ def fake_shortcuts() -> Iterator[None]:
         original = getattr(module, name, None)
         if original is not None:
             replaced.append((module, name, original))
-            setattr(module, name, globals()[name](original))
+            setattr(module, name, _MAKERS[name](original))
     try:
         yield
     finally:
