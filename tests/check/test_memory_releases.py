@@ -4,18 +4,23 @@
   optimizer state of the first pipeline stage equal Megatron-LM's ``compute_weight_and_optimizer_memory``
   (``megatron/training/theoretical_memory_usage.py``, the launch's own) within 1 % (measured: 0.011 % and 0.010 %).
   The model arguments are what ``ascend-patch args`` prints for the models' config.json.
-* core_v0.12.1, core_v0.16.1 and core_v0.17.1 (the vendored snapshots; 0.12.1 and 0.17.1 carry their own
-  megatron/core, first on the path): the same tiny Llama-style TP2 launch is estimated end to end, one
+* core_v0.12.1, core_v0.16.1, core_v0.17.1 and Megatron-LM main (the vendored snapshots; all but 0.16.1 carry
+  their own megatron/core, first on the path; main runs on Python 3.12): the same tiny Llama-style TP2 launch is estimated end to end, one
   training step included; its parameter bytes are the model's exact count (bf16, per TP rank), gradients
   fp32, the optimizer fp32 main copies plus Adam's two moments, and each release's own formula agrees within 1 %.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
+from helpers import REPO, child_env
 from memory_harness import estimate, megatron_lm_dir
 from ascend_patch.check.memory.from_config import launch_from_config
 
@@ -98,5 +103,36 @@ def test_the_tiny_launch_on_other_releases(tmp_path_factory, release, on_16):
     assert result["megatron"] == release
     _check_tiny(result)
     # the same model, layout and schedule: the same state on every release
+    same = on_16[2]["roles"][0]
+    assert all(result["roles"][0][t] == same[t] for t in ("params_bytes", "grads_bytes", "optimizer_bytes"))
+
+
+def _megatron_lm_tests(name: str):
+    """A helper module of tests/megatron_lm (imported under its own name, as pytest imports it there)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, Path(REPO) / "tests" / "megatron_lm" / f"{name}.py")
+    module = sys.modules[name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_tiny_launch_on_megatron_lm_main(tmp_path_factory, on_16):
+    """main's pretrain_gpt.py parses and checks its arguments against the world itself before it calls pretrain,
+    and its NullTokenizer counts the end-of-document id among --vocab-size ids (255 tokens here: padded to 256 at
+    TP2, the same model as the releases')."""
+    py312 = _megatron_lm_tests("py312_env").ready()
+    if py312 is None:
+        pytest.skip("Megatron-LM main needs the Python 3.12 environment (tests/megatron_lm/py312_env.py)")
+    harness = _megatron_lm_tests("mlm_harness")
+    root = harness.unpack(harness.find_tarball("main"), tmp_path_factory.mktemp("memory-main"))
+    code = ("import json, sys; from ascend_patch.check.memory.worker import estimate_many; "
+            "print(json.dumps(estimate_many(json.loads(sys.argv[1]))))")
+    done = subprocess.run([str(py312), "-c", code, json.dumps([_tiny(root)])], env=child_env(), capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (result,) = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["megatron"].startswith("0.20.0"), result.get("megatron")
+    _check_tiny(result)
     same = on_16[2]["roles"][0]
     assert all(result["roles"][0][t] == same[t] for t in ("params_bytes", "grads_bytes", "optimizer_bytes"))

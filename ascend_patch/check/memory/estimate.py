@@ -161,13 +161,15 @@ def estimate_roles(line: LaunchLine, argv: list[str], which: Sequence[Role], sta
     folder = os.path.dirname(script)
     if folder not in sys.path:
         sys.path.insert(0, folder)
-    call = capture_pretrain(script, argv)
     results = []
     saved_argv = sys.argv
     for role in which:
         start = time.perf_counter()
         with simulated_rank(line.world_size, role.rank, line.nproc_per_node):
             try:
+                # as the rank (Megatron-LM main's script parses and checks its arguments against the world
+                # itself before it calls pretrain), with real tensors (what the script makes at import stays real)
+                call = capture_pretrain(script, argv)
                 steps = recorded_steps(synthetic_data=True, stop_after=True, state_only=state_only)
                 with fake_device() as answers, steps as record:
                     sys.argv = [script, *argv]
