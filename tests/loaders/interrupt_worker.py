@@ -23,6 +23,9 @@ from ascend_patch.loaders.formats import ConvertOptions
 
 def main() -> int:
     load, save, loader, saver, tp, pp = sys.argv[1:7]
+    # Ctrl-C as a terminal delivers it: a test run started in the background (``&`` in a script, nohup) hands
+    # its children SIGINT ignored, and Python then installs no KeyboardInterrupt handler
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     seen = {"n": 0}
     wake, woken = os.pipe()
     os.set_blocking(woken, False)
