@@ -13,7 +13,8 @@ from .facts import in_range
 from .rules import Action, Context, Given, MigrationError, Outcome
 
 __all__ = [
-    "SPECS", "context_parallel_hybrid", "deterministic", "first_k_dense_replace", "gloo_groups", "hf2mg_convert",
+    "FLASH_SPECS", "SPECS", "context_parallel_hybrid", "deterministic", "first_k_dense_replace", "flash_attention",
+    "gloo_groups", "hf2mg_convert",
     "layout_flag", "layout_stages", "moe_ep_overlap", "norm_topk_prob", "padded_vocab_divisor", "rope_factor",
     "rope_scaling_type", "spec", "tokenizer_fast_default", "uneven_first_last",
 ]
@@ -24,14 +25,47 @@ SPECS = {  # MindSpeed-LLM layer specs that megatron-core's local spec builds, a
 _RESULTS = "dropping it would change the model"
 
 
+# Layer specs whose layer, with --use-flash-attn, ascend_patch's family spec builds with fused attention
+FLASH_SPECS = {"mindspeed_llm.tasks.models.spec.qwen3_spec layer_spec": "qwen3"}
+
+
+def _flash_family(context: Context) -> str | None:
+    """The ascend_patch family spec that builds the launch's (dense) layer with fused attention, if any."""
+    given = context.find("--spec")
+    if given is None or not context.has("--use-flash-attn") or context.has("--num-experts"):
+        return None
+    return FLASH_SPECS.get(given.value or "")
+
+
 def spec(given: Given | None, context: Context) -> Outcome | None:
-    """``--spec mindspeed_llm... layer_spec``: megatron-core's local spec (no ``--spec``) with the flags it needs."""
+    """``--spec mindspeed_llm... layer_spec``: ascend_patch's family spec where the launch asks for flash attention
+    (dense), else megatron-core's local spec (no ``--spec``) with the flags it needs."""
     assert given is not None and given.value in SPECS
+    family = _flash_family(context)
     needed = tuple(flag for flag in SPECS[given.value] if not context.has(flag))
+    if family is not None:
+        return Outcome(Action.TRANSLATED, ("--spec", family, *needed), (
+            f"the same layer as ascend_patch's {family} spec: megatron-core's local modules with q/k RMSNorm "
+            "(same state-dict names as the local spec) and the fused attention --use-flash-attn asks for "
+            "(npu_fusion_attention; the local spec's attention keeps every layer's S x S probabilities)"))
     return Outcome(Action.TRANSLATED, needed, (
         "the same layer as megatron-core's local spec with q/k RMSNorm, which stock builds from "
         "--transformer-impl local --qk-layernorm (same state-dict names, and --num-experts/--moe-layer-freq "
-        "are honoured); under ascend_patch, --spec qwen3 is the same layer with npu_fusion_attention"))
+        "are honoured); under ascend_patch, --spec qwen3 is the same dense layer with npu_fusion_attention"))
+
+
+def flash_attention(given: Given | None, context: Context) -> Outcome | None:
+    """``--use-flash-attn``: implied where the translated spec has fused attention, else dropped with its cost."""
+    family = _flash_family(context)
+    if family is not None:
+        return Outcome(Action.IMPLIED, why=f"--spec {family}'s attention is npu_fusion_attention (see --spec)")
+    return Outcome(Action.DROPPED, why=(
+        "MindSpeed maps it to torch_npu's fused attention; stock reads it for legacy models only. Memory: "
+        "megatron-core's local attention is unfused and keeps each layer's S x S attention probabilities for "
+        "every micro-batch in flight, several times the activation memory of MindSpeed-LLM's run at long "
+        "sequences (ascend-patch check --memory shows it). For npu_fusion_attention run --transformer-impl "
+        "transformer_engine (ascend_patch's TE layer) or an ascend_patch --spec family (--spec qwen3: the same "
+        "state-dict names as the local spec)"))
 
 
 def tokenizer_fast_default(given: Given | None, context: Context) -> Outcome | None:

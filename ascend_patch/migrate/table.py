@@ -54,16 +54,16 @@ FLAGS: tuple[FlagRule, ...] = (
     _rule("--padded-vocab-size", A.KEPT, "stock builds exactly N embedding rows", megatron="padded_vocab_size_flag"),
     # --- model
     FlagRule("--spec", A.TRANSLATED, "MindSpeed-LLM's qwen3 spec is megatron-core's local layer with q/k RMSNorm: "
-             "no --spec, and --qk-layernorm", values=tuple(c.SPECS), compute=c.spec),
+             "--spec qwen3 (the same layer with fused attention) where the launch asks for --use-flash-attn and has "
+             "no experts, else no --spec; --qk-layernorm either way", values=tuple(c.SPECS), compute=c.spec),
     _rule("--spec", A.REFUSED, "a MindSpeed-LLM layer spec with no entry in the table: stock cannot import it; give "
           "a megatron-core spec (or --spec NAME of an ascend_patch family), or add a rule through the "
           "ascend_patch_migrate_flags hook", values=("mindspeed_llm.*", "mindspeed.*")),
     _rule("--use-mcore-models", A.KEPT, "accepted and ignored: megatron-core models are stock's default"),
     _rule("--use-rotary-position-embeddings", A.KEPT, "stock's older spelling of --position-embedding-type rope"),
-    _rule("--use-flash-attn", A.DROPPED, "MindSpeed maps it to torch_npu's fused attention; stock reads it for "
-          "legacy models only. Same results: megatron-core's local attention is unfused; for npu_fusion_attention "
-          "run --transformer-impl transformer_engine (ascend_patch's TE layer) or --spec qwen3 (same checkpoint "
-          "names as the local spec)"),
+    FlagRule("--use-flash-attn", A.DROPPED, "implied where the translated spec has fused attention (MindSpeed-LLM's "
+             "dense qwen3 spec -> --spec qwen3), else dropped: megatron-core's local attention is unfused and keeps "
+             "every layer's S x S probabilities (memory)", compute=c.flash_attention),
     _rule("--use-fused-swiglu", A.IMPLIED, "stock fuses SwiGLU by default (--no-bias-swiglu-fusion turns it off) "
           "and ascend_patch runs megatron's fused SwiGLU as torch_npu.npu_swiglu"),
     _rule("--use-fused-rmsnorm", A.IMPLIED, "ascend_patch runs megatron-core's RMSNorm as torch_npu.npu_rms_norm"),

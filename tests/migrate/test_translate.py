@@ -173,3 +173,20 @@ def test_a_migrated_command_keeps_its_launcher() -> None:
     migration = migrate_launch(launch, megatron="0.16.1")
     assert command(launch, migration) == ["python", "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m",
                                           "ascend_patch", "pretrain_gpt.py", "--bf16"]
+
+
+def test_the_dense_qwen3_spec_with_flash_attention_keeps_fused_attention() -> None:
+    """Every vendored script asks for MindSpeed-LLM's qwen3 spec and --use-flash-attn: the dense ones become
+    --spec qwen3 (the same state-dict names, npu_fusion_attention), not the local spec's unfused attention, which
+    keeps each layer's S x S probabilities (check --memory: 191 GiB against 74 GiB on the first stage of their
+    Qwen3-8B script); MoE launches keep the local spec (their experts) and say what dropping the flag costs."""
+    spec = "--spec mindspeed_llm.tasks.models.spec.qwen3_spec layer_spec"
+    dense = run(spec + " --use-flash-attn")
+    assert dense.args == ("--spec", "qwen3", "--qk-layernorm")  # as ascend-patch args writes a qwen3 launch
+    assert row(dense, "--use-flash-attn").action is Action.IMPLIED
+    assert row(dense, "--spec").action is Action.TRANSLATED
+    moe = run(spec + " --use-flash-attn --num-experts 8")
+    assert moe.args == ("--qk-layernorm", "--num-experts", "8")
+    flash = row(moe, "--use-flash-attn")
+    assert flash.action is Action.DROPPED and "S x S" in flash.why and "check --memory" in flash.why
+    assert row(run("--use-flash-attn"), "--use-flash-attn").action is Action.DROPPED  # the local spec, no family
