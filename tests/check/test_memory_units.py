@@ -110,6 +110,13 @@ def test_remedies_keep_the_world_and_the_model_valid():
     moe = parse_launch_line(["torchrun", "--nproc-per-node", "2", "p.py", "--tensor-model-parallel-size", "2",
                              "--num-experts", "4", "--expert-tensor-parallel-size", "1"])
     assert "--use-distributed-optimizer" in [c.change for c in candidates(moe)]
+    # megatron-core's local layers, unfused attention: the TE layers' fused attention is offered (not with a --spec)
+    local = parse_launch_line(["torchrun", "--nproc-per-node", "2", "p.py", "--transformer-impl", "local"])
+    te = [c for c in candidates(local) if c.change == "--transformer-impl transformer_engine"]
+    assert len(te) == 1 and flag(list(te[0].argv), "transformer-impl") == "transformer_engine"
+    spec = parse_launch_line(["torchrun", "--nproc-per-node", "2", "p.py", "--transformer-impl", "local", "--spec",
+                              "qwen3"])
+    assert not any(c.change.startswith("--transformer-impl") for c in candidates(spec))
 
 
 def test_json_document_and_findings_of_a_result():

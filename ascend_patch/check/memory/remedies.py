@@ -3,7 +3,8 @@
 :func:`candidates` lists the changes that keep the launch valid: more recomputation
 (``--recompute-granularity``), the distributed optimizer, a larger TP / PP / CP / EP (the
 world stays the same, so DP shrinks), a smaller micro-batch (the global batch stays the
-same). Each is re-estimated by running it (:mod:`.job`), never scaled from the first run.
+same), and for megatron-core's local layers (``--transformer-impl local`` without a
+``--spec``), whose attention is unfused, the fused attention of the TE layers. Each is re-estimated by running it (:mod:`.job`), never scaled from the first run.
 """
 
 from __future__ import annotations
@@ -81,4 +82,9 @@ def candidates(line: LaunchLine) -> list[Candidate]:
                                tuple(_set(argv, "expert-model-parallel-size", 2 * ep))))
     if mbs > 1:
         found.append(Candidate(f"--micro-batch-size {mbs // 2}", tuple(_set(argv, "micro-batch-size", mbs // 2))))
+    if flag(argv, "transformer-impl") == "local" and flag(argv, "spec") is None:
+        # the local attention keeps each layer's S x S probabilities; ascend_patch's TE layer runs fused attention
+        # (other module names: a checkpoint in the local layout is converted first)
+        found.append(Candidate("--transformer-impl transformer_engine",
+                               tuple(with_flag(argv, "transformer-impl", "transformer_engine"))))
     return found
