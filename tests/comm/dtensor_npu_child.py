@@ -25,15 +25,19 @@ import ascend_patch  # noqa: E402
 from ascend_patch.config import Settings  # noqa: E402
 
 
+def _scores(q, k, attn_bias, is_causal, scale):
+    """Plain attention scores: scaled q k^T, the causal mask, the bias."""
+    scores = q @ k.transpose(-2, -1) * scale
+    if is_causal:
+        scores = scores.masked_fill(torch.ones(scores.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+    return scores + attn_bias if attn_bias is not None else scores
+
+
 def reference_overrideable(q, k, v, attn_bias=None, dropout_p=0.0, is_causal=False, return_debug_mask=False,
                            *, scale=None):
     """REFERENCE kernel (test double): what the fused op returns, computed plainly on the host."""
     scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    scores = q @ k.transpose(-2, -1) * scale
-    if is_causal:
-        scores = scores.masked_fill(torch.ones(scores.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
-    if attn_bias is not None:
-        scores = scores + attn_bias
+    scores = _scores(q, k, attn_bias, is_causal, scale)
     seed, offset = torch.zeros((), dtype=torch.long), torch.zeros((), dtype=torch.long)
     # the outputs torch's meta kernel for the op describes
     return scores.softmax(-1) @ v, scores.logsumexp(-1), None, None, q.shape[2], k.shape[2], seed, offset, None
@@ -44,11 +48,7 @@ def reference_overrideable_backward(grad_out, q, k, v, attn_bias, grad_input_mas
                                     scale=None):
     """REFERENCE kernel (test double): the gradients of plain attention (dropout 0), written out."""
     scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    scores = q @ k.transpose(-2, -1) * scale
-    if is_causal:
-        scores = scores.masked_fill(torch.ones(scores.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
-    if attn_bias is not None:
-        scores = scores + attn_bias
+    scores = _scores(q, k, attn_bias, is_causal, scale)
     p = scores.softmax(-1)
     dp = grad_out @ v.transpose(-2, -1)
     ds = p * (dp - (dp * p).sum(-1, keepdim=True))
